@@ -1,0 +1,33 @@
+# The two commands of the README:  `make book`  and  `make test`.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Dataset folder: $SUBFL_DATA_ROOT if set; else a shared data folder beside the checkout if there is one; else data/.
+SUBFL_DATA_ROOT ?= $(if $(wildcard ../shared/data/PROVENANCE.md),$(abspath ../shared/data),$(CURDIR)/data)
+export SUBFL_DATA_ROOT
+
+.PHONY: setup book test status fmnist
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[book,test]'
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $@
+
+# Fashion-MNIST comes from Debian's dataset-fashion-mnist package (installed when we may, else a hint).
+fmnist:
+	@if [ ! -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then \
+	  if [ "$$(id -u)" = 0 ]; then (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) >/dev/null; \
+	  else echo "note: 'sudo apt-get install dataset-fashion-mnist' provides Fashion-MNIST offline"; fi; fi
+
+setup: $(VENV)/.installed fmnist
+
+book: setup
+	$(VENV)/bin/subfl book --scale cpu
+
+status: setup
+	$(VENV)/bin/subfl book --status
+
+test: setup
+	SUBFL_SCALE=ci $(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider -q

@@ -1,0 +1,115 @@
+"""Where results are cached, and the fingerprint of the code they depend on.
+
+A cached run is keyed by hash(config, fingerprint of the source files the run imports): re-running a
+notebook whose experiments did not change is instant, and a change to any file a run depends on makes its
+old results stale (they are recomputed, never silently reused). Dependencies are found by following the
+``import`` statements of the package's modules (the method registry ``subfl.methods`` is not followed, so
+adding a method does not invalidate other methods' results).
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+from collections.abc import Iterable
+from functools import lru_cache
+from pathlib import Path
+
+import subfl
+
+PACKAGE_DIR = Path(subfl.__file__).resolve().parent
+# Files that cannot change a result: the command line, the book builder, the cache itself.
+_NOT_COMPUTATIONAL = {"cli.py", "book.py", "experiments/cache.py"}
+_REGISTRIES = {"subfl.methods"}
+
+
+def _module_file(module: str) -> Path | None:
+    rel = module.split(".")[1:]
+    base = PACKAGE_DIR.joinpath(*rel)
+    if base.with_suffix(".py").exists():
+        return base.with_suffix(".py")
+    if (base / "__init__.py").exists():
+        return base / "__init__.py"
+    return None
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """Absolute names of the subfl modules imported by ``module`` (anywhere in the file)."""
+    is_package = path.name == "__init__.py"
+    package = module if is_package else module.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "subfl")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1])
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "subfl":
+                continue
+            found.add(target)
+            found.update(f"{target}.{a.name}" for a in node.names)  # `from . import x` may name modules
+    return found
+
+
+def dependency_files(modules: Iterable[str]) -> list[Path]:
+    """The source files of ``modules`` and of every subfl module they import, transitively.
+
+    Parent packages' ``__init__`` files are included (they run on import); the method registry is not
+    followed (its members are reached only when named).
+    """
+    seen: set[str] = set()
+    files: set[Path] = set()
+    todo = list(modules)
+    while todo:
+        mod = todo.pop()
+        if mod in seen:
+            continue
+        seen.add(mod)
+        path = _module_file(mod)
+        if path is None:
+            continue
+        parts = mod.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(2, len(parts)))
+        if mod in _REGISTRIES and mod not in modules:
+            continue
+        files.add(path)
+        todo.extend(_imports(mod, path))
+    return sorted(files)
+
+
+@lru_cache(maxsize=64)
+def code_fingerprint(modules: tuple[str, ...] | None = None) -> str:
+    """sha256 over the computational source files (paths and contents) — of the whole package, or of the
+    files that ``modules`` depend on."""
+    h = hashlib.sha256(subfl.__version__.encode())
+    if modules is None:
+        paths = [p for p in PACKAGE_DIR.rglob("*") if p.suffix in (".py", ".json")]
+    else:
+        paths = dependency_files(modules) + [PACKAGE_DIR / "data" / "manifest.json"]
+    for path in sorted(set(paths)):
+        rel = path.relative_to(PACKAGE_DIR).as_posix()
+        if rel in _NOT_COMPUTATIONAL or "__pycache__" in rel or not path.exists():
+            continue
+        h.update(rel.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def repo_root() -> Path | None:
+    """The checkout this package runs from (``lib/subfl`` inside it), or None for an installed wheel."""
+    root = PACKAGE_DIR.parent.parent
+    return root if (root / "pyproject.toml").exists() and (root / "lib").is_dir() else None
+
+
+def cache_root() -> Path:
+    """``$SUBFL_CACHE_DIR``; else ``.subfl-cache/`` in the checkout; else ``~/.cache/subfl/runs``."""
+    if os.environ.get("SUBFL_CACHE_DIR"):
+        return Path(os.environ["SUBFL_CACHE_DIR"]).expanduser()
+    root = repo_root()
+    if root is not None:
+        return root / ".subfl-cache"
+    return Path.home() / ".cache" / "subfl" / "runs"

@@ -1,0 +1,226 @@
+"""Run an :class:`~subfl.experiments.config.ExperimentConfig`: data, partition, model, method, engine.
+
+Used by ``subfl run`` and by every notebook. Results are written as ``history.csv`` (tidy rows),
+``summary.json``, ``ledger.csv`` and ``timings.csv``; with ``cache=True`` a run whose config and code did
+not change is read back instead of recomputed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+import subfl
+
+from ..data import load_dataset, make_partition
+from ..data.base import ArrayData, FederatedDataset
+from ..fl.engine import CHECKPOINT_NAME, EngineSettings, dump_json, run_simulation, write_timings
+from ..fl.history import read_history
+from ..fl.rng import numpy_rng, seed_sequence
+from ..methods import make_method
+from ..methods.base import ServerContext
+from ..models import build_model
+from .cache import cache_root, code_fingerprint
+from .config import ExperimentConfig
+
+OUTPUT_FILES = ("history.csv", "summary.json", "ledger.csv", "timings.csv")
+
+
+class ModelFactory:
+    """Builds the experiment's architecture; weights are initialised from a generator seeded by (seed, "init").
+
+    Called with no argument it gives the configured model; methods that need other widths pass ``width``.
+    Initialisation runs inside :func:`torch.random.fork_rng`, so it neither reads nor changes global state.
+    """
+
+    def __init__(self, config: ExperimentConfig, dataset: FederatedDataset) -> None:
+        self.name = config.model
+        self.kwargs = dict(num_classes=dataset.num_classes, input_shape=dataset.input_shape, norm=config.norm,
+                           **dict(config.model_options))
+        if dataset.vocab_size is not None:
+            self.kwargs.setdefault("vocab_size", dataset.vocab_size)
+        self.width = config.width
+        self.seed = config.seed
+
+    def __call__(self, width: float | None = None, **overrides: Any) -> torch.nn.Module:
+        kwargs = {**self.kwargs, **overrides}
+        init_seed = int(seed_sequence(self.seed, "init").generate_state(1)[0])
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(init_seed)
+            return build_model(self.name, width=self.width if width is None else width, **kwargs)
+
+
+def _subset(data: ArrayData, n: int | None, rng: np.random.Generator) -> ArrayData:
+    if n is None or n >= len(data):
+        return data
+    return data.subset(np.sort(rng.permutation(len(data))[:n]))
+
+
+def prepare_data(config: ExperimentConfig, data_root: str | Path | None = None,
+                 ) -> tuple[FederatedDataset, ArrayData, list[np.ndarray]]:
+    """Load the dataset, apply the scale's sample caps and partition the training set into clients.
+
+    The test subset is drawn with a seed-independent generator so that every seed of an experiment is
+    scored on the same test samples.
+    """
+    dataset = load_dataset(config.dataset, data_root, **dict(config.dataset_options))
+    train = _subset(dataset.train, config.max_train_samples, numpy_rng(config.seed, "train-subset"))
+    test = _subset(dataset.test, config.max_test_samples, numpy_rng(0, "test-subset"))
+    dataset = FederatedDataset(**{**dataset.__dict__, "train": train})
+    parts = make_partition(config.partition, train.labels if dataset.task == "classification" else train.labels,
+                           config.num_clients, numpy_rng(config.seed, "partition"), alpha=config.alpha,
+                           k=config.classes_per_client, groups=train.groups)
+    return dataset, test, parts
+
+
+@dataclass
+class RunResult:
+    """A finished run: its config, where its files are, and convenient views of them."""
+
+    config: ExperimentConfig
+    directory: Path
+    from_cache: bool = False
+
+    @cached_property
+    def history(self) -> pd.DataFrame:
+        return read_history(self.directory / "history.csv")
+
+    @cached_property
+    def summary(self) -> dict[str, Any]:
+        return json.loads((self.directory / "summary.json").read_text())
+
+    @cached_property
+    def ledger(self) -> pd.DataFrame:
+        return pd.read_csv(self.directory / "ledger.csv", keep_default_na=False)
+
+    @cached_property
+    def timings(self) -> pd.DataFrame:
+        return pd.read_csv(self.directory / "timings.csv")
+
+    def curve(self, metric: str = "accuracy", group: str = "global") -> pd.DataFrame:
+        """(round, value) rows of one metric for one group."""
+        h = self.history
+        return h[(h.metric == metric) & (h.group == group)][["round", "value"]].reset_index(drop=True)
+
+    def final(self, metric: str = "accuracy", group: str = "global") -> float:
+        c = self.curve(metric, group)
+        return float(c.value.iloc[-1]) if len(c) else float("nan")
+
+
+def run_code_fingerprint(config: ExperimentConfig) -> str:
+    """Fingerprint of the source files a run of ``config`` executes (runner, engine, data, models, method)."""
+    from ..methods import METHODS
+
+    return code_fingerprint(("subfl.experiments.runner", METHODS[config.method].__module__))
+
+
+def run_key(config: ExperimentConfig) -> str:
+    return hashlib.sha256((config.key() + run_code_fingerprint(config)).encode()).hexdigest()
+
+
+def _summary(config: ExperimentConfig, result, dataset: FederatedDataset, parts: list[np.ndarray],
+             fingerprint: str) -> dict[str, Any]:
+    hist = result.history.to_frame()
+    last_round = int(hist["round"].max()) if len(hist) else 0
+    final = hist[(hist["round"] == last_round) & (hist.metric != "train_loss")]
+    per_group = {f"{g}/{m}": v for g, m, v in zip(final.group, final.metric, final.value)}
+    acc = hist[(hist.metric == "accuracy")]
+    groups = sorted(set(acc.group))
+    final_acc = per_group.get("global/accuracy",
+                              float(np.mean([per_group[f"{g}/accuracy"] for g in groups])) if groups else None)
+    sizes = np.array([len(p) for p in parts])
+    return {
+        "final_accuracy": final_acc,
+        "best_accuracy": float(acc[acc.group == "global"].value.max()) if "global" in groups else None,
+        "final": per_group,
+        "rounds": result.rounds_completed,
+        "wall_time_s": result.wall_time_s,
+        "upload_bytes": result.ledger.total_bytes("up"),
+        "download_bytes": result.ledger.total_bytes("down"),
+        "resumed_from_round": result.resumed_from,
+        "client_samples": {"min": int(sizes.min()), "median": float(np.median(sizes)), "max": int(sizes.max()),
+                           "total": int(sizes.sum())},
+        "dataset_notes": dataset.notes,
+        "config": config.to_dict(),
+        "library_version": subfl.__version__,
+        "code_fingerprint": run_code_fingerprint(config),
+        "run_key": fingerprint,
+    }
+
+
+def run_experiment(config: ExperimentConfig, out_dir: str | Path | None = None, *, cache: bool = True,
+                   data_root: str | Path | None = None, progress: bool | None = None,
+                   stop_after_round: int | None = None) -> RunResult:
+    """Run (or read back from the cache) one experiment.
+
+    ``out_dir``: where the result files go (and the checkpoint while running; a run interrupted and started
+    again with the same config and ``out_dir`` resumes). Without ``out_dir`` the run lives in the cache.
+    ``cache``: read a finished identical run from the cache and store this one there.
+    """
+    key = run_key(config)
+    cached_dir = cache_root() / key[:24]
+    target = Path(out_dir) if out_dir is not None else cached_dir
+    if cache and (cached_dir / "summary.json").exists():
+        if target != cached_dir:
+            target.mkdir(parents=True, exist_ok=True)
+            for name in OUTPUT_FILES:
+                shutil.copyfile(cached_dir / name, target / name)
+        return RunResult(config, target, from_cache=True)
+    target.mkdir(parents=True, exist_ok=True)
+    dataset, test, parts = prepare_data(config, data_root)
+    method = make_method(config.method, **dict(config.method_options))
+    ctx = ServerContext(model_fn=ModelFactory(config, dataset), training=config.training, rounds=config.rounds,
+                        seed=config.seed, num_classes=dataset.num_classes, input_shape=dataset.input_shape,
+                        task=dataset.task, device=config.device, num_clients=config.num_clients)
+    settings = EngineSettings(rounds=config.rounds, clients_per_round=config.clients_per_round,
+                              eval_every=config.eval_every, seed=config.seed, device=config.device)
+    result = run_simulation(method, dataset, parts, config.heterogeneity_setting, ctx, settings, test_data=test,
+                            out_dir=target, fingerprint=key, progress=progress, stop_after_round=stop_after_round,
+                            description=config.label())
+    if result.rounds_completed < config.rounds:
+        return RunResult(config, target)
+    result.history.write_csv(target / "history.csv")
+    result.ledger.to_frame().to_csv(target / "ledger.csv", index=False)
+    write_timings(result.timings, target / "timings.csv")
+    dump_json(_summary(config, result, dataset, parts, key), target / "summary.json")
+    (target / CHECKPOINT_NAME).unlink(missing_ok=True)
+    if cache and target != cached_dir:
+        cached_dir.mkdir(parents=True, exist_ok=True)
+        for name in OUTPUT_FILES:
+            shutil.copyfile(target / name, cached_dir / name)
+    return RunResult(config, target)
+
+
+def run_seeds(config: ExperimentConfig, seeds: Iterable[int], **kwargs: Any) -> list[RunResult]:
+    """The same experiment for several seeds (for error bars)."""
+    return [run_experiment(config.replace(seed=s), **kwargs) for s in seeds]
+
+
+def final_table(results: Iterable[RunResult], metric: str = "accuracy", group: str = "global",
+                by: Iterable[str] = ("method",)) -> pd.DataFrame:
+    """Mean ± std of the final ``metric`` over seeds, grouped by the given config fields."""
+    by = list(by)
+    rows = [{**{b: getattr(r.config, b) for b in by}, "seed": r.config.seed, metric: r.final(metric, group)}
+            for r in results]
+    df = pd.DataFrame(rows)
+    return df.groupby(by)[metric].agg(["mean", "std", "count"]).reset_index()
+
+
+def history_frame(results: Iterable[RunResult], fields: Iterable[str] = ("method", "dataset", "partition", "seed"),
+                  metric: str = "accuracy", group: str = "global") -> pd.DataFrame:
+    """Long table of one metric's curve for many runs, with the named config fields as columns."""
+    fields = list(fields)
+    frames = []
+    for r in results:
+        c = r.curve(metric, group).assign(**{f: getattr(r.config, f) for f in fields})
+        frames.append(c)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["round", "value", *fields])

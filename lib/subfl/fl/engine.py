@@ -1,0 +1,188 @@
+"""The round loop: client sampling, configure → local updates → aggregate, ledger, history, checkpoints.
+
+One round (DESIGN.md, "One round, as data flows"):
+
+    server state ─configure─▶ {client: Task} ─(ledger: down)─▶ local_update ─(ledger: up)─▶ aggregate
+
+Rounds are numbered from 1. Client selection in round t uses a generator derived from (seed, "select", t)
+and client c's local training one derived from (seed, "local", t, c), so a run is a pure function of its
+configuration and seed, and a run resumed from a checkpoint replays exactly the draws it would have made.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ..data.base import FederatedDataset
+from ..methods.base import ClientContext, Method, ServerContext, ServerState
+from .history import History
+from .ledger import Ledger
+from .profiles import Heterogeneity
+from .rng import numpy_rng, torch_generator
+from .training import ClientDataset, evaluate
+
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How the engine runs a simulation (not what it simulates)."""
+
+    rounds: int
+    clients_per_round: int
+    eval_every: int = 1
+    eval_batch_size: int = 500
+    checkpoint_every: int = 1
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("rounds", "clients_per_round", "eval_every", "eval_batch_size", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class SimulationResult:
+    """Everything a run produced."""
+
+    history: History
+    ledger: Ledger
+    timings: list[tuple[int, str, float]]
+    state: ServerState
+    rounds_completed: int
+    wall_time_s: float
+    resumed_from: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def progress_enabled(progress: bool | None) -> bool:
+    """Progress bars are on when asked, or by default when not under CI and not disabled by TQDM_DISABLE."""
+    if progress is not None:
+        return progress
+    return not (os.environ.get("CI") or os.environ.get("TQDM_DISABLE"))
+
+
+def select_clients(num_clients: int, clients_per_round: int, seed: int, round: int) -> np.ndarray:
+    """The sorted ids of the clients sampled uniformly without replacement in ``round``."""
+    if clients_per_round > num_clients:
+        raise ValueError(f"clients_per_round must be <= num_clients ({num_clients}), got {clients_per_round}")
+    if clients_per_round == num_clients:
+        return np.arange(num_clients)
+    return np.sort(numpy_rng(seed, "select", round).choice(num_clients, clients_per_round, replace=False))
+
+
+def _save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Sequence[np.ndarray],
+                   heterogeneity: Heterogeneity, ctx: ServerContext, settings: EngineSettings, *,
+                   test_data=None, out_dir: str | Path | None = None, fingerprint: str = "",
+                   progress: bool | None = None, stop_after_round: int | None = None,
+                   description: str = "") -> SimulationResult:
+    """Run ``method`` for ``settings.rounds`` rounds over the clients' index sets of ``dataset.train``.
+
+    With ``out_dir`` the state is checkpointed every ``checkpoint_every`` rounds; started again with the same
+    ``fingerprint`` it resumes from the last checkpoint (a different fingerprint raises ``ValueError``).
+    ``stop_after_round`` ends the call early after that round (as an interruption would).
+    """
+    num_clients = len(client_indices)
+    if num_clients < 1:
+        raise ValueError("client_indices must hold at least one client")
+    select_clients(num_clients, settings.clients_per_round, settings.seed, 1)  # validates sizes
+    test_data = dataset.test if test_data is None else test_data
+    clients = [ClientDataset(dataset.train, idx) for idx in client_indices]
+    history, ledger, timings = History(), Ledger(), []
+    start_round, elapsed_before = 0, 0.0
+    checkpoint = Path(out_dir) / CHECKPOINT_NAME if out_dir is not None else None
+    state: ServerState | None = None
+    if checkpoint is not None and checkpoint.exists():
+        saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        if saved["fingerprint"] != fingerprint:
+            raise ValueError(f"out_dir {out_dir} holds a checkpoint of a different run (fingerprint "
+                             f"{saved['fingerprint'][:12]} != {fingerprint[:12]}); use another out_dir or delete it")
+        state, start_round = saved["state"], saved["round"]
+        history.rows, ledger.rows, timings = saved["history"], saved["ledger"], saved["timings"]
+        elapsed_before = saved["elapsed"]
+    t_start = time.perf_counter()
+    if state is None:
+        state = method.init(ctx)
+    last = settings.rounds if stop_after_round is None else min(settings.rounds, stop_after_round)
+    bar = tqdm(range(start_round + 1, last + 1), desc=description or method.name, unit="round",
+               disable=not progress_enabled(progress), leave=False, initial=start_round, total=settings.rounds)
+    for rnd in bar:
+        profiles = heterogeneity.profiles(num_clients, settings.seed, rnd)
+        selected = select_clients(num_clients, settings.clients_per_round, settings.seed, rnd)
+        t0 = time.perf_counter()
+        tasks = method.configure(state, rnd, [profiles[c] for c in selected], ctx)
+        timings.append((rnd, "configure", time.perf_counter() - t0))
+        updates, t_local = [], 0.0
+        for cid in selected:
+            task = tasks.get(int(cid))
+            if task is None:
+                continue
+            ledger.record(rnd, int(cid), "down", task.tensors, task.config)
+            cctx = ClientContext(ctx.model_fn, torch_generator(settings.seed, "local", rnd, int(cid)),
+                                 settings.device, ctx.task, ctx.num_classes)
+            t0 = time.perf_counter()
+            with torch.random.fork_rng(devices=[]):  # layers such as dropout read the global generator
+                torch.manual_seed(int(numpy_rng(settings.seed, "torch-global", rnd, int(cid)).integers(2**62)))
+                update = method.local_update(task, clients[cid], cctx)
+            t_local += time.perf_counter() - t0
+            ledger.record(rnd, int(cid), "up", update.tensors, update.stats)
+            updates.append(update)
+        timings.append((rnd, "local_train", t_local))
+        if updates:
+            n = sum(u.n_samples for u in updates)
+            losses = [(u.stats.get("loss"), u.n_samples) for u in updates if u.stats.get("loss") is not None]
+            if losses and n > 0:
+                history.add(rnd, "train_loss", sum(l * k for l, k in losses) / max(1, sum(k for _, k in losses)))
+            t0 = time.perf_counter()
+            state = method.aggregate(state, rnd, updates, ctx)
+            timings.append((rnd, "aggregate", time.perf_counter() - t0))
+        if rnd % settings.eval_every == 0 or rnd == settings.rounds:
+            t0 = time.perf_counter()
+            for group, model in method.evaluation_models(state, ctx).items():
+                metrics = evaluate(model.to(settings.device), test_data, batch_size=settings.eval_batch_size,
+                                   device=settings.device, task=ctx.task)
+                for metric, value in metrics.items():
+                    history.add(rnd, metric, value, group)
+            timings.append((rnd, "evaluate", time.perf_counter() - t0))
+            acc = history.last("accuracy")
+            if not math.isnan(acc):
+                bar.set_postfix(acc=f"{acc:.3f}")
+        if checkpoint is not None and (rnd % settings.checkpoint_every == 0 or rnd == last):
+            _save_checkpoint(checkpoint, {
+                "fingerprint": fingerprint, "round": rnd, "state": state, "history": history.rows,
+                "ledger": ledger.rows, "timings": timings,
+                "elapsed": elapsed_before + time.perf_counter() - t_start})
+    bar.close()
+    return SimulationResult(history, ledger, timings, state, last, elapsed_before + time.perf_counter() - t_start,
+                            resumed_from=start_round)
+
+
+def write_timings(timings: Sequence[tuple[int, str, float]], path: str | Path) -> None:
+    """Per-round, per-stage wall time (seconds) as CSV."""
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write("round,stage,seconds\n")
+        for r, stage, s in timings:
+            fh.write(f"{r},{stage},{s:.6f}\n")
+
+
+def dump_json(obj: Any, path: str | Path) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh, indent=2, sort_keys=True, default=str)
+        fh.write("\n")

@@ -1,0 +1,33 @@
+"""Federated methods, one module per family, each implementing :class:`~subfl.methods.base.Method`.
+
+``METHODS`` maps the names usable in ``subfl run`` to classes; :func:`make_method` builds one with options.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .base import ClientContext, Method, ServerContext, ServerState
+from .fedavg import FedAvg
+
+METHODS: dict[str, type[Method]] = {
+    FedAvg.name: FedAvg,
+}
+
+
+def register_method(cls: type[Method]) -> type[Method]:
+    """Add a Method class to :data:`METHODS` under ``cls.name`` (usable as a decorator)."""
+    if cls.name in METHODS and METHODS[cls.name] is not cls:
+        raise ValueError(f"a method named {cls.name!r} is already registered")
+    METHODS[cls.name] = cls
+    return cls
+
+
+def make_method(name: str, **options: Any) -> Method:
+    """Instantiate the method registered as ``name``."""
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; accepted: {', '.join(sorted(METHODS))}")
+    return METHODS[name](**options)
+
+
+__all__ = ["METHODS", "ClientContext", "FedAvg", "Method", "ServerContext", "ServerState", "make_method",
+           "register_method"]

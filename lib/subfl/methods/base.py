@@ -1,0 +1,106 @@
+"""The Method contract every algorithm implements (FedAvg is the reference).
+
+Server side: :meth:`Method.init`, :meth:`Method.configure`, :meth:`Method.aggregate`,
+:meth:`Method.evaluation_models`. Client side: :meth:`Method.local_update`, a pure function of the
+:class:`~subfl.fl.types.Task` it received, its own data and a generator — so the same code can run in a
+real client process. The engine (not the method) owns client sampling, data, timing, the ledger, the
+history, checkpoints and progress bars. This mirrors Flower's ``Strategy`` configure/aggregate split.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..fl.rng import numpy_rng, torch_generator
+from ..fl.training import ClientDataset, LocalTraining
+from ..fl.types import ClientProfile, Task, Update
+
+ServerState = dict[str, Any]
+"""A method's server state: a dict of tensors / numbers / small containers (``torch.save``-able)."""
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    """What the server side of a method may use: the architecture, schedule, seed and task description."""
+
+    model_fn: Callable[..., nn.Module]
+    training: LocalTraining
+    rounds: int
+    seed: int
+    num_classes: int
+    input_shape: tuple[int, ...]
+    task: str = "classification"
+    device: str = "cpu"
+    num_clients: int = 1
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def rng(self, *keys: int | str) -> np.random.Generator:
+        """A numpy generator for a server-side draw, derived from (seed, *keys)."""
+        return numpy_rng(self.seed, "server", *keys)
+
+    def train_config(self, round: int) -> dict[str, Any]:
+        """The optimiser settings of ``round`` (travels to clients inside the task config)."""
+        return self.training.round_config(round, self.rounds)
+
+
+@dataclass(frozen=True)
+class ClientContext:
+    """What a client's code may use besides its task and data: the architecture code and its generator."""
+
+    model_fn: Callable[..., nn.Module]
+    generator: torch.Generator
+    device: str = "cpu"
+    task: str = "classification"
+    num_classes: int = 0
+
+
+class Method:
+    """Base class of every federated algorithm in :mod:`subfl.methods`.
+
+    Subclasses set ``name`` and ``options`` (a dict of option name → default) and implement the five
+    methods below. Options arrive as keyword arguments; unknown ones raise a ``ValueError`` naming them.
+    """
+
+    name: ClassVar[str] = "method"
+    options: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, **options: Any) -> None:
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            accepted = ", ".join(sorted(self.options)) or "none"
+            raise ValueError(f"unknown option(s) {unknown} for method {self.name!r}; accepted: {accepted}")
+        self.config = {**self.options, **options}
+
+    # ----- server side -------------------------------------------------------------------------------
+    def init(self, ctx: ServerContext) -> ServerState:
+        """Initial server state (e.g. the global model's weights)."""
+        raise NotImplementedError
+
+    def configure(self, state: ServerState, round: int, clients: Sequence[ClientProfile],
+                  ctx: ServerContext) -> dict[int, Task]:
+        """One task per selected client for ``round``."""
+        raise NotImplementedError
+
+    def aggregate(self, state: ServerState, round: int, updates: Sequence[Update],
+                  ctx: ServerContext) -> ServerState:
+        """The new server state from the clients' updates."""
+        raise NotImplementedError
+
+    def evaluation_models(self, state: ServerState, ctx: ServerContext) -> dict[str, nn.Module]:
+        """Models to evaluate on the test set, by group name (``"global"`` for the single global model)."""
+        raise NotImplementedError
+
+    # ----- client side -------------------------------------------------------------------------------
+    def local_update(self, task: Task, data: ClientDataset, ctx: ClientContext) -> Update:
+        """Train on the client's data; a pure function of (task, data, generator)."""
+        raise NotImplementedError
+
+
+def clone_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Detached CPU copies of a tensor dict (what is put on the wire)."""
+    return {k: v.detach().to("cpu").clone() for k, v in tensors.items()}

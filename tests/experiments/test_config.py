@@ -1,0 +1,47 @@
+import pytest
+
+from subfl.experiments import make_config, run_experiment
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(dataset="mnist"), "dataset='mnist'"),
+    (dict(model="resnet99"), "model='resnet99'"),
+    (dict(method="fedprox"), "method='fedprox'"),
+    (dict(partition="shards"), "partition='shards'"),
+    (dict(partition="dirichlet"), "alpha=None"),
+    (dict(partition="dirichlet", alpha=0.0), "alpha=0.0"),
+    (dict(partition="k_classes"), "classes_per_client"),
+    (dict(num_clients=4, clients_per_round=5), "clients_per_round=5"),
+    (dict(heterogeneity="1.5"), "keep ratio must be in (0, 1]"),
+    (dict(heterogeneity="0.2:0.6,0.0:0.4"), "keep ratio must be in (0, 1]"),
+    (dict(width=0), "width=0"),
+    (dict(rounds=0), "rounds=0"),
+    (dict(optimizer="lbfgs"), "optimizer='lbfgs'"),
+    (dict(scale="gpu"), "scale='gpu'"),
+    (dict(bogus=1), "unknown config field"),
+    (dict(method_options={"kappa": 4}), "unknown option"),
+])
+def test_bad_configuration_is_named(kwargs, fragment, tmp_path):
+    base = dict(method="fedavg", dataset="digits", model="mlp")
+    base.update(kwargs)
+    method, dataset, model = base.pop("method"), base.pop("dataset"), base.pop("model")
+    scale = base.pop("scale", "ci")
+    with pytest.raises(ValueError) as err:
+        cfg = make_config(method, dataset, model, scale=scale, **base)
+        run_experiment(cfg, tmp_path / "o", cache=False)
+    assert fragment in str(err.value)
+
+
+def test_missing_data_file_says_which_and_how(tmp_path):
+    cfg = make_config("fedavg", "cifar10", "resnet18", scale="ci")
+    with pytest.raises(FileNotFoundError) as err:
+        run_experiment(cfg, tmp_path / "o", cache=False, data_root=tmp_path / "empty")
+    assert "cifar10_train.npz" in str(err.value)
+
+
+def test_presets_change_sizes_not_algorithm():
+    ci = make_config("fedavg", "fmnist", scale="ci")
+    cpu = make_config("fedavg", "fmnist", scale="cpu")
+    assert ci.rounds < cpu.rounds and ci.method == cpu.method and ci.model == cpu.model == "cnn"
+    assert make_config("fedavg", "fmnist", scale="cpu", rounds=3).rounds == 3
+    assert ci.key() != cpu.key() and ci.key() == make_config("fedavg", "fmnist", scale="ci").key()

@@ -1,0 +1,91 @@
+"""Engine + runner behaviour on the always-available digits data (fast)."""
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from subfl.experiments import make_config, run_experiment
+from subfl.fl.engine import CHECKPOINT_NAME
+
+
+def _cfg(**kw):
+    base = dict(partition="dirichlet", alpha=0.5, num_clients=6, clients_per_round=3, rounds=4)
+    base.update(kw)
+    return make_config("fedavg", "digits", "mlp", scale="ci", **base)
+
+
+def test_same_seed_gives_byte_identical_history(tmp_path):
+    a = run_experiment(_cfg(), tmp_path / "a", cache=False)
+    b = run_experiment(_cfg(), tmp_path / "b", cache=False)
+    assert (tmp_path / "a/history.csv").read_bytes() == (tmp_path / "b/history.csv").read_bytes()
+    assert (tmp_path / "a/ledger.csv").read_bytes() == (tmp_path / "b/ledger.csv").read_bytes()
+    c = run_experiment(_cfg(seed=1), tmp_path / "c", cache=False)
+    assert not a.history.equals(c.history)
+    assert b.summary["final_accuracy"] == a.summary["final_accuracy"]
+
+
+def test_interrupted_run_resumes_to_the_same_history(tmp_path):
+    full = run_experiment(_cfg(), tmp_path / "full", cache=False)
+    part = run_experiment(_cfg(), tmp_path / "part", cache=False, stop_after_round=2)
+    assert (tmp_path / "part" / CHECKPOINT_NAME).exists() and not (tmp_path / "part/summary.json").exists()
+    resumed = run_experiment(_cfg(), tmp_path / "part", cache=False)
+    assert resumed.summary["resumed_from_round"] == 2
+    assert (tmp_path / "full/history.csv").read_bytes() == (tmp_path / "part/history.csv").read_bytes()
+    assert not (tmp_path / "part" / CHECKPOINT_NAME).exists()
+    assert part.directory == resumed.directory
+
+
+def test_checkpoint_of_another_config_is_refused(tmp_path):
+    run_experiment(_cfg(), tmp_path / "x", cache=False, stop_after_round=1)
+    with pytest.raises(ValueError, match="different run"):
+        run_experiment(_cfg(lr=0.2), tmp_path / "x", cache=False)
+
+
+def test_ledger_records_full_model_both_ways(tmp_path):
+    cfg = _cfg()
+    res = run_experiment(cfg, tmp_path / "r", cache=False)
+    ledger = res.ledger
+    from subfl.experiments.runner import ModelFactory, prepare_data
+    dataset, _, _ = prepare_data(cfg)
+    model = ModelFactory(cfg, dataset)()
+    model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    tensors = ledger[ledger.name != "__config__"]
+    per = tensors.groupby(["round", "client", "direction"]).bytes.sum()
+    assert (per == model_bytes).all()
+    # every round: exactly clients_per_round distinct clients, each downloading and uploading once
+    counts = tensors.groupby("round").client.nunique()
+    assert counts.tolist() == [3, 3, 3, 3]
+    assert res.summary["upload_bytes"] == int(ledger[ledger.direction == "up"].bytes.sum())
+
+
+def test_cache_reads_back_identical_results(tmp_path):
+    first = run_experiment(_cfg())
+    second = run_experiment(_cfg())
+    assert not first.from_cache and second.from_cache
+    assert first.history.equals(second.history)
+
+
+def test_fedavg_learns_digits(tmp_path):
+    res = run_experiment(_cfg(partition="iid", alpha=None, rounds=8, lr=0.1), tmp_path / "d", cache=False)
+    acc = res.curve("accuracy")
+    assert acc.value.iloc[-1] > 0.85  # MLP on 8×8 digits; chance is 0.1
+    assert acc.value.iloc[-1] > acc.value.iloc[0]
+
+
+def test_summary_fields(tmp_path):
+    res = run_experiment(_cfg(), tmp_path / "s", cache=False)
+    s = json.loads((tmp_path / "s/summary.json").read_text())
+    for key in ("final_accuracy", "wall_time_s", "upload_bytes", "download_bytes", "config", "code_fingerprint"):
+        assert key in s
+    assert s["rounds"] == 4 and s["client_samples"]["total"] == res.summary["client_samples"]["total"]
+    t = pd.read_csv(tmp_path / "s/timings.csv")
+    assert set(t.stage) == {"configure", "local_train", "aggregate", "evaluate"}
+
+
+def test_model_init_does_not_touch_global_rng(tmp_path):
+    torch.manual_seed(123)
+    expected = torch.rand(1)
+    torch.manual_seed(123)
+    run_experiment(_cfg(rounds=1), tmp_path / "g", cache=False)
+    assert torch.rand(1) == expected

@@ -1,0 +1,40 @@
+import math
+
+import pytest
+import torch
+
+from subfl.fl import LocalTraining, weighted_average
+
+
+def test_weighted_average_uses_sample_counts():
+    a = {"w": torch.tensor([0.0, 3.0]), "n": torch.tensor(2)}
+    b = {"w": torch.tensor([4.0, 3.0]), "n": torch.tensor(5)}
+    out = weighted_average([a, b], [100, 300])
+    assert torch.allclose(out["w"], torch.tensor([3.0, 3.0]))
+    assert out["n"].item() == 4 and out["n"].dtype == torch.int64  # 0.25·2 + 0.75·5 = 4.25 → 4
+
+
+@pytest.mark.parametrize("weights", [[0, 0], [-1, 2]])
+def test_weighted_average_rejects_bad_weights(weights):
+    with pytest.raises(ValueError, match="weights"):
+        weighted_average([{"w": torch.zeros(1)}, {"w": torch.zeros(1)}], weights)
+
+
+def test_cosine_and_step_schedules():
+    cos = LocalTraining(lr=0.1, lr_schedule="cosine", lr_min=0.0)
+    assert cos.lr_at(0, 11) == pytest.approx(0.1)
+    assert cos.lr_at(5, 11) == pytest.approx(0.05)
+    assert cos.lr_at(10, 11) == pytest.approx(0.0, abs=1e-12)
+    step = LocalTraining(lr=1.0, lr_schedule="step", lr_milestones=(0.5, 0.75), lr_decay=0.1)
+    assert [step.lr_at(r, 100) for r in (0, 49, 50, 75)] == pytest.approx([1.0, 1.0, 0.1, 0.01])
+    assert math.isclose(cos.round_config(5, 11)["lr"], 0.05)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"optimizer": "rmsprop"}, "optimizer"), ({"lr": 0}, "lr"), ({"momentum": 1.0}, "momentum"),
+    ({"batch_size": 0}, "batch_size"), ({"lr_schedule": "linear"}, "lr_schedule"),
+    ({"local_epochs": 0}, "local_epochs"),
+])
+def test_training_settings_validation(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        LocalTraining(**kwargs)

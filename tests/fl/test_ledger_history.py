@@ -1,0 +1,26 @@
+import torch
+
+from subfl.fl import History, Ledger, tensor_bytes
+from subfl.fl.history import read_history
+
+
+def test_ledger_counts_every_byte():
+    ledger = Ledger()
+    total = ledger.record(1, 3, "down", {"w": torch.zeros(4, 5), "b": torch.zeros(5, dtype=torch.float64),
+                                         "n": torch.zeros((), dtype=torch.int64)}, {"lr": 0.1})
+    assert tensor_bytes(torch.zeros(4, 5)) == 80
+    assert total == 80 + 40 + 8 + len('{"lr": 0.1}')
+    df = ledger.to_frame()
+    assert list(df.columns) == ["round", "client", "direction", "name", "shape", "dtype", "bytes"]
+    assert df.loc[df.name == "w", "shape"].item() == "4x5"
+    assert ledger.total_bytes("down") == total and ledger.total_bytes("up") == 0
+
+
+def test_history_roundtrip_is_exact(tmp_path):
+    h = History()
+    h.add(1, "accuracy", 0.1 + 0.2)
+    h.add(1, "accuracy", 1 / 3, group="0.25")
+    h.write_csv(tmp_path / "h.csv")
+    df = read_history(tmp_path / "h.csv")
+    assert df.value.tolist() == [0.1 + 0.2, 1 / 3]
+    assert h.last("accuracy") == 0.1 + 0.2 and h.last("accuracy", "0.25") == 1 / 3
