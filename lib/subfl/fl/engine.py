@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -67,10 +68,14 @@ class SimulationResult:
 
 
 def progress_enabled(progress: bool | None) -> bool:
-    """Progress bars are on when asked, or by default when not under CI and not disabled by TQDM_DISABLE."""
+    """Progress bars are on when asked; by default only in a terminal or a Jupyter kernel, and never under CI
+    or with ``TQDM_DISABLE`` set."""
     if progress is not None:
         return progress
-    return not (os.environ.get("CI") or os.environ.get("TQDM_DISABLE"))
+    if os.environ.get("CI") or os.environ.get("TQDM_DISABLE"):
+        return False
+    interactive = "ipykernel" in sys.modules
+    return interactive or bool(getattr(sys.stderr, "isatty", lambda: False)())
 
 
 def select_clients(num_clients: int, clients_per_round: int, seed: int, round: int) -> np.ndarray:
