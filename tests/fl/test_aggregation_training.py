@@ -38,3 +38,14 @@ def test_cosine_and_step_schedules():
 def test_training_settings_validation(kwargs, name):
     with pytest.raises(ValueError, match=name):
         LocalTraining(**kwargs)
+
+
+def test_server_context_numbers_rounds_from_one():
+    from subfl.methods.base import ServerContext
+
+    ctx = ServerContext(model_fn=lambda: None, training=LocalTraining(lr=0.1, lr_schedule="cosine"), rounds=11,
+                        seed=0, num_classes=10, input_shape=(1, 8, 8))
+    assert ctx.train_config(1)["lr"] == pytest.approx(0.1)  # first round: full learning rate
+    assert ctx.train_config(11)["lr"] == pytest.approx(0.0, abs=1e-12)  # last round: lr_min
+    with pytest.raises(ValueError, match="round"):
+        ctx.train_config(0)

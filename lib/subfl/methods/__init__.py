@@ -8,9 +8,11 @@ from typing import Any
 
 from .base import ClientContext, Method, ServerContext, ServerState
 from .fedavg import FedAvg
+from .width import FedRolex, FjORD, HeteroFL
 
 METHODS: dict[str, type[Method]] = {
     FedAvg.name: FedAvg,
+    HeteroFL.name: HeteroFL, FjORD.name: FjORD, FedRolex.name: FedRolex,
 }
 
 

@@ -44,8 +44,11 @@ class ServerContext:
         return numpy_rng(self.seed, "server", *keys)
 
     def train_config(self, round: int) -> dict[str, Any]:
-        """The optimiser settings of ``round`` (travels to clients inside the task config)."""
-        return self.training.round_config(round, self.rounds)
+        """The optimiser settings of ``round`` (1-based, as the engine numbers rounds); travels to clients
+        inside the task config."""
+        if not 1 <= round <= self.rounds:
+            raise ValueError(f"round must be in [1, {self.rounds}], got {round}")
+        return self.training.round_config(round - 1, self.rounds)
 
 
 @dataclass(frozen=True)
