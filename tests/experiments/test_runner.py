@@ -89,3 +89,30 @@ def test_model_init_does_not_touch_global_rng(tmp_path):
     torch.manual_seed(123)
     run_experiment(_cfg(rounds=1), tmp_path / "g", cache=False)
     assert torch.rand(1) == expected
+
+
+def test_final_state_is_saved_and_matches_the_evaluated_model(tmp_path):
+    res = run_experiment(_cfg(rounds=2), tmp_path / "st", cache=False)
+    from subfl.experiments.runner import ModelFactory, prepare_data
+    from subfl.fl import evaluate
+    dataset, test, _ = prepare_data(res.config)
+    model = ModelFactory(res.config, dataset)()
+    model.load_state_dict(res.state()["weights"])
+    assert evaluate(model, test)["accuracy"] == res.final("accuracy")
+
+
+def test_method_round_metrics_reach_the_history(tmp_path):
+    from subfl.methods import METHODS, FedAvg
+
+    class FedAvgWithNorm(FedAvg):
+        name = "fedavg_test_norm"
+
+        def round_metrics(self, state, round):
+            return {("weight_norm", "global"): float(sum(v.float().norm() ** 2 for v in state["weights"].values()))}
+
+    METHODS[FedAvgWithNorm.name] = FedAvgWithNorm
+    try:
+        res = run_experiment(_cfg(rounds=2).replace(method="fedavg_test_norm"), tmp_path / "m", cache=False)
+    finally:
+        del METHODS[FedAvgWithNorm.name]
+    assert res.curve("weight_norm")["round"].tolist() == [1, 2]

@@ -32,7 +32,7 @@ from ..models import build_model
 from .cache import cache_root, code_fingerprint
 from .config import ExperimentConfig
 
-OUTPUT_FILES = ("history.csv", "summary.json", "ledger.csv", "timings.csv")
+OUTPUT_FILES = ("history.csv", "summary.json", "ledger.csv", "timings.csv", "state.pt")
 
 
 class ModelFactory:
@@ -105,6 +105,10 @@ class RunResult:
     @cached_property
     def timings(self) -> pd.DataFrame:
         return pd.read_csv(self.directory / "timings.csv")
+
+    def state(self) -> dict[str, Any]:
+        """The method's final server state (e.g. ``state()["weights"]`` for FedAvg), as saved by the run."""
+        return torch.load(self.directory / "state.pt", map_location="cpu", weights_only=False)
 
     def curve(self, metric: str = "accuracy", group: str = "global") -> pd.DataFrame:
         """(round, value) rows of one metric for one group."""
@@ -192,6 +196,7 @@ def run_experiment(config: ExperimentConfig, out_dir: str | Path | None = None, 
     result.history.write_csv(target / "history.csv")
     result.ledger.to_frame().to_csv(target / "ledger.csv", index=False)
     write_timings(result.timings, target / "timings.csv")
+    torch.save(result.state, target / "state.pt")
     dump_json(_summary(config, result, dataset, parts, key), target / "summary.json")
     (target / CHECKPOINT_NAME).unlink(missing_ok=True)
     if cache and target != cached_dir:

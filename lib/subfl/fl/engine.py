@@ -158,6 +158,8 @@ def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Se
             t0 = time.perf_counter()
             state = method.aggregate(state, rnd, updates, ctx)
             timings.append((rnd, "aggregate", time.perf_counter() - t0))
+            for (metric, group), value in method.round_metrics(state, rnd).items():
+                history.add(rnd, metric, value, group)
         if rnd % settings.eval_every == 0 or rnd == settings.rounds:
             t0 = time.perf_counter()
             for group, model in method.evaluation_models(state, ctx).items():

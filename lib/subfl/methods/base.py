@@ -98,6 +98,14 @@ class Method:
         """Models to evaluate on the test set, by group name (``"global"`` for the single global model)."""
         raise NotImplementedError
 
+    def round_metrics(self, state: ServerState, round: int) -> dict[tuple[str, str], float]:
+        """Method-specific diagnostics of the round just aggregated, ``{(metric, group): value}``.
+
+        The engine adds them to the history (e.g. the effective rank of each layer, ANME of the sampling
+        probabilities). Default: none.
+        """
+        return {}
+
     # ----- client side -------------------------------------------------------------------------------
     def local_update(self, task: Task, data: ClientDataset, ctx: ClientContext) -> Update:
         """Train on the client's data; a pure function of (task, data, generator)."""
