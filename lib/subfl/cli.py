@@ -14,8 +14,20 @@ def _parse_value(text: str) -> Any:
         return text
 
 
+def _string_fields() -> set[str]:
+    import dataclasses
+
+    from .experiments import ExperimentConfig
+
+    return {f.name for f in dataclasses.fields(ExperimentConfig) if str(f.type).startswith("str")}
+
+
 def parse_sets(items: list[str]) -> dict[str, Any]:
-    """``key=value`` pairs → config overrides; ``method.x=1`` / ``model.x`` / ``dataset.x`` go to the options."""
+    """``key=value`` pairs → config overrides; ``method.x=1`` / ``model.x`` / ``dataset.x`` go to the options.
+
+    Values are read as JSON (numbers, lists, null, true/false) except for the config's string fields
+    (``heterogeneity=0.2`` stays the string ``"0.2"``)."""
+    strings = _string_fields()
     overrides: dict[str, Any] = {}
     options: dict[str, dict[str, Any]] = {"method": {}, "model": {}, "dataset": {}}
     for item in items:
@@ -26,7 +38,7 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
         if name and prefix in options:
             options[prefix][name] = _parse_value(value)
         else:
-            overrides[key] = _parse_value(value)
+            overrides[key] = value if key in strings else _parse_value(value)
     for prefix, values in options.items():
         if values:
             overrides[f"{prefix}_options"] = values

@@ -45,3 +45,13 @@ def test_presets_change_sizes_not_algorithm():
     assert ci.rounds < cpu.rounds and ci.method == cpu.method and ci.model == cpu.model == "cnn"
     assert make_config("fedavg", "fmnist", scale="cpu", rounds=3).rounds == 3
     assert ci.key() != cpu.key() and ci.key() == make_config("fedavg", "fmnist", scale="ci").key()
+
+
+def test_fedavg_reference_catalog():
+    from subfl.experiments.catalog import fedavg_reference
+
+    cpu = fedavg_reference("cifar10", "dirichlet", 0.1, scale="cpu", seed=1)
+    assert (cpu.model, cpu.width, cpu.rounds, cpu.num_clients, cpu.alpha, cpu.seed) == ("cnn", 1.0, 40, 20, 0.1, 1)
+    assert fedavg_reference("fmnist", scale="ci").width == 0.25
+    with pytest.raises(ValueError, match="dataset='imdb'"):
+        fedavg_reference("imdb")

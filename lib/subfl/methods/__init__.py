@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import fl as _engine  # noqa: F401  (load the engine first: it imports methods.base, which imports fl)
 from .base import ClientContext, Method, ServerContext, ServerState
 from .fedavg import FedAvg
 from .width import FedRolex, FjORD, HeteroFL
+from .spectral import SPECTRAL_METHODS
 
 METHODS: dict[str, type[Method]] = {
     FedAvg.name: FedAvg,
     HeteroFL.name: HeteroFL, FjORD.name: FjORD, FedRolex.name: FedRolex,
+    **SPECTRAL_METHODS,  # spectral, topn, prism, prism+scaled, unbiased, collective, ... (methods/spectral.py)
 }
 
 

@@ -1,0 +1,347 @@
+"""Factorized layers (subfl.models.factorized) and spectral sub-model methods (subfl.methods.spectral)."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from subfl.costs import count_parameters, forward_flops
+from subfl.data.base import ArrayData
+from subfl.experiments import make_config, run_experiment
+from subfl.fl.training import ClientDataset, LocalTraining
+from subfl.fl.types import ClientProfile, Update
+from subfl.methods import METHODS, make_method
+from subfl.methods.base import ClientContext, ServerContext
+from subfl.methods.spectral import STRATEGIES, clip_gradients, term_design
+from subfl.models import build_model
+from subfl.models.factorized import (FactorizedConv2d, FactorizedLinear, build_submodel, decomposable_layers,
+                                     decompose, dense_weight, factorize, factorized_modules, layer_specs, read_factors,
+                                     set_omega)
+from subfl.sampling import keep_count, unbiased_inclusion, wallenius_inclusion
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: one intra-op thread is faster, and far faster on a busy machine (restored afterwards)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class Factory:
+    """Like the runner's ModelFactory: deterministic init and keyword overrides (e.g. ``norm``)."""
+
+    def __init__(self, name: str, width: float = 1.0, num_classes: int = 10, input_shape=(1, 8, 8), **kwargs):
+        self.name, self.width = name, width
+        self.kwargs = dict(num_classes=num_classes, input_shape=input_shape, **kwargs)
+
+    def __call__(self, width: float | None = None, **overrides):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            return build_model(self.name, width=self.width if width is None else width, **{**self.kwargs, **overrides})
+
+
+def _ctx(factory, num_clients=3, input_shape=(1, 8, 8), **kw) -> ServerContext:
+    return ServerContext(model_fn=factory, training=LocalTraining(lr=0.05, batch_size=8, local_steps=2), rounds=2,
+                         seed=0, num_classes=10, input_shape=input_shape, num_clients=num_clients, **kw)
+
+
+SMALL_MLP = Factory("mlp", input_shape=(1, 4, 4), num_classes=3, hidden=(12, 10))  # 16 -> 12 -> 10 -> 3
+
+
+# ----- factorized layers -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,shape,width", [("mlp", (1, 8, 8), 1.0), ("cnn", (1, 8, 8), 0.25),
+                                              ("resnet18", (3, 32, 32), 0.125)])
+def test_full_index_set_reproduces_dense_model(name, shape, width):
+    model = Factory(name, width=width, input_shape=shape)().eval()
+    layers = decomposable_layers(model)
+    factors = decompose(model)
+    sub = build_submodel(model, factors, {n: range(factors[n].num_terms) for n in layers}).eval()
+    x = torch.randn(4, *shape, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (model(x) - sub(x)).abs().max().item() < 1e-5
+    modules = dict(model.named_modules())
+    for n, (u, v) in read_factors(sub).items():
+        w = modules[n].weight
+        assert (dense_weight(u, v, w.shape) - w).abs().max().item() < 1e-5
+
+
+def test_first_and_last_layers_stay_dense():
+    assert decomposable_layers(Factory("cnn", width=0.25)()) == ["conv2", "fc1"]
+    assert decomposable_layers(Factory("mlp")()) == ["layers.3"]
+    names = decomposable_layers(Factory("resnet18", width=0.125, input_shape=(3, 32, 32))())
+    assert "conv1" not in names and "fc" not in names and len(names) == 19  # 16 3x3 convs + 3 shortcuts
+
+
+def test_svd_factors_absorb_root_singular_values():
+    model = Factory("cnn", width=0.25)()
+    f = decompose(model)["conv2"]  # 16 outputs, 8*5*5 = 200 inputs
+    lam = f.singular_values
+    assert f.u.shape == (16, 16) and f.v.shape == (16, 200)
+    assert torch.all(lam[:-1] >= lam[1:])
+    assert torch.allclose(f.u.T @ f.u, torch.diag(lam), atol=1e-5)
+    assert torch.allclose(f.v @ f.v.T, torch.diag(lam), atol=1e-5)
+
+
+def test_submodel_layers_omega_and_conv_shapes():
+    model = Factory("cnn", width=0.25)()
+    f = decompose(model)
+    sub = build_submodel(model, f, {"conv2": [0, 3, 5], "fc1": [1]}, {"conv2": [1.0, 2.0, 3.0], "fc1": [4.0]})
+    layers = factorized_modules(sub)
+    assert isinstance(layers["conv2"], FactorizedConv2d) and isinstance(layers["fc1"], FactorizedLinear)
+    assert layers["conv2"].v.shape == (3, 8, 5, 5) and layers["conv2"].u.shape == (16, 3)
+    assert layers["conv2"].omega.tolist() == [1.0, 2.0, 3.0]
+    assert not layers["conv2"].omega.requires_grad
+    assert "conv2.omega" not in sub.state_dict()  # never uploaded
+    # the sub-model's weight is sum_{i in S} omega_i u'_i v'_i^T
+    expected = sum(w * torch.outer(f["conv2"].u[:, i], f["conv2"].v[i]) for i, w in zip([0, 3, 5], [1, 2, 3]))
+    assert torch.allclose(layers["conv2"].dense_weight().reshape(16, -1), expected, atol=1e-5)
+    with pytest.raises(ValueError, match="omega"):
+        set_omega(sub, {"fc1": [1.0, 2.0]})
+    with pytest.raises(ValueError, match="not decomposable"):
+        factorize(Factory("cnn", width=0.25)(), {"conv1": 2})
+
+
+@pytest.mark.parametrize("r", [0.2, 0.4, 1.0])
+def test_submodel_params_and_flops(r):
+    model = Factory("mlp")()  # 64 -> 200 -> 200 -> 10; only the 200x200 layer is decomposed
+    f = decompose(model)
+    k = keep_count(200, r)
+    sub = build_submodel(model, f, {"layers.3": range(k)})
+    spec = layer_specs(model)["layers.3"]
+    assert spec.factorized_parameters(k) == k * 400 + 200
+    dense_rest = (64 * 200 + 200) + (200 * 10 + 10)
+    assert count_parameters(sub) == dense_rest + k * 400 + 200
+    x = torch.randn(5, 1, 8, 8)
+    assert forward_flops(sub, x) == 2 * 5 * (64 * 200 + k * 200 + 200 * k + 200 * 10)
+    if r == 0.2:  # 40 terms: 16,000 weights in place of 40,000
+        assert count_parameters(sub) < count_parameters(model)
+        assert forward_flops(sub, x) < forward_flops(model, x)
+
+
+# ----- strategies --------------------------------------------------------------------------------------------
+LAM = np.random.default_rng(0).permutation(np.linspace(3.0, 0.05, 64) ** 2)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("r", [0.07, 0.2, 0.25, 0.4, 1.0])
+def test_index_set_sizes(strategy, r):
+    rng = np.random.default_rng(1)
+    for size in (16, 64):
+        lam = LAM[:size]
+        design = term_design(strategy, lam, r, clients=3)
+        for _ in range(3):
+            idx, omega = design.sample(rng)
+            n = size if strategy == "nosharding" else math.ceil(size * r - 1e-9)
+            assert len(idx) == len(set(idx.tolist())) == n == len(omega)
+            assert idx.min() >= 0 and idx.max() < size and np.all(omega > 0)
+
+
+@pytest.mark.parametrize("sampler", ["cps", "brewer", "min_support"])
+def test_unbiased_omega_is_inverse_inclusion(sampler):
+    design = term_design("unbiased", LAM, 0.25, sampler=sampler)
+    pi = unbiased_inclusion(LAM, 16)
+    assert np.allclose(design.pi, pi)
+    idx, omega = design.sample(np.random.default_rng(2))
+    assert len(idx) == 16 and np.allclose(omega, 1.0 / pi[idx])
+
+
+def test_topn_picks_the_largest_terms():
+    idx, omega = term_design("topn", LAM, 0.25).sample(np.random.default_rng(0))
+    assert sorted(idx.tolist()) == sorted(np.argsort(-LAM)[:16].tolist())
+    assert np.all(omega == 1.0)
+
+
+def test_collective_wallenius_and_scaled_multipliers():
+    c = 4
+    d = term_design("collective", LAM, 0.2, clients=c)
+    idx, omega = d.sample(np.random.default_rng(3))
+    assert np.allclose(omega, c / (1 + (c - 1) * d.pi[idx]))
+    d = term_design("prism+wallenius", LAM, 0.2)
+    weights = (LAM / LAM.max()) ** 4.0  # kappa = 4 for r <= 0.2 (PriSM)
+    pi = wallenius_inclusion(weights / weights.sum(), 13)
+    assert np.allclose(d.pi, pi)
+    idx, omega = d.sample(np.random.default_rng(3))
+    assert np.allclose(omega, 1.0 / pi[idx])
+    # prism+scaled: the sub-model keeps the Frobenius norm of W
+    model = Factory("mlp")()
+    f = decompose(model)["layers.3"]
+    idx, omega = term_design("prism+scaled", f.singular_values, 0.2).sample(np.random.default_rng(4))
+    sub = build_submodel(model, {"layers.3": f}, {"layers.3": idx}, {"layers.3": omega})
+    w_sub = factorized_modules(sub)["layers.3"].dense_weight()
+    assert torch.linalg.norm(w_sub).item() == pytest.approx(torch.linalg.norm(model.layers[3].weight).item(), rel=1e-5)
+
+
+def test_clip_gradients_scales_by_min_one_tau_over_omega():
+    model = Factory("mlp")()
+    sub = build_submodel(model, decompose(model), {"layers.3": [0, 1, 2]}, {"layers.3": [1.0, 20.0, 100.0]})
+    layer = factorized_modules(sub)["layers.3"]
+    layer.u.grad, layer.v.grad = torch.ones_like(layer.u), torch.ones_like(layer.v)
+    clip_gradients(sub, 10.0)()
+    assert layer.u.grad[0].tolist() == pytest.approx([1.0, 0.5, 0.1])
+    assert layer.v.grad[:, 0].tolist() == pytest.approx([1.0, 0.5, 0.1])
+
+
+def test_options_are_validated():
+    for bad in [dict(sampler="poisson"), dict(kappa=-1), dict(tau=0), dict(frobenius_reg=-0.1), dict(sbn="yes"),
+                dict(strategy="top-k"), dict(schatten_p=1)]:
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            make_method("spectral", **bad)
+    with pytest.raises(ValueError, match="fixes strategy"):
+        make_method("prism", strategy="topn")
+    with pytest.raises(ValueError, match="unknown option"):
+        make_method("topn", width=2)
+    assert {"topn", "prism", "prism+scaled", "prism+wallenius", "prism+wallenius+cliplr", "unbiased", "collective",
+            "schatten", "nosharding", "unbiased+cliplr", "spectral"} <= set(METHODS)
+    assert make_method("unbiased+cliplr", sampler="brewer").cliplr
+
+
+# ----- server pipeline ---------------------------------------------------------------------------------------
+def _echo_updates(tasks, sizes, edit=None):
+    """Updates that return what was sent (minus omega), optionally edited per client."""
+    updates = []
+    for (cid, task), n in zip(sorted(tasks.items()), sizes):
+        tensors = {k: v.clone() for k, v in task.tensors.items() if not k.endswith(".omega")}
+        if edit is not None:
+            edit(cid, tensors, task.config["terms"])
+        updates.append(Update(cid, tensors, n, {"loss": 0.0, "keep_ratio": task.config["keep_ratio"],
+                                                "terms": task.config["terms"]}))
+    return updates
+
+
+def test_unchanged_clients_leave_the_model_unchanged():
+    method = make_method("unbiased")
+    ctx = _ctx(SMALL_MLP)
+    state = method.init(ctx)
+    profiles = [ClientProfile(0, 0.2), ClientProfile(1, 0.4), ClientProfile(2, 0.4)]
+    tasks = method.configure(state, 1, profiles, ctx)
+    new = method.aggregate(state, 1, _echo_updates(tasks, [5, 7, 9]), ctx)
+    for k, v in state["weights"].items():
+        assert torch.allclose(new["weights"][k], v, atol=1e-6), k
+    diag = new["diagnostics"][-1]
+    json.dumps(diag)
+    assert diag["round"] == 1 and diag["clients"] == {"0.2": 1, "0.4": 2}
+    assert sum(diag["coverage"]["layers.3"]) == keep_count(10, 0.2) + 2 * keep_count(10, 0.4)
+    assert 0 < diag["anme"]["0.4"] <= 1 and diag["effective_rank"]["layers.3"] > 1
+
+
+def _manual_update(state, cid, terms, n, du=0.0, dv=0.0, bias=None):
+    """A client's update holding terms ``terms`` of layers.3 shifted by (du, dv), the rest as sent."""
+    f = state["factors"]["layers.3"]
+    tensors = {k: v.clone() for k, v in state["weights"].items() if k != "layers.3.weight"}
+    tensors["layers.3.u"] = f["u"][:, terms] + du
+    tensors["layers.3.v"] = f["v"][terms] + dv
+    if bias is not None:
+        tensors["layers.1.bias"] = torch.full_like(tensors["layers.1.bias"], bias)
+    return Update(cid, tensors, n, {"keep_ratio": 0.2, "terms": {"layers.3": list(terms)}})
+
+
+def test_aggregation_averages_each_term_over_the_clients_that_trained_it():
+    method = make_method("topn")
+    ctx = _ctx(SMALL_MLP)
+    state = method.init(ctx)
+    updates = [_manual_update(state, 0, [0, 1], 4, du=1.0, dv=-1.0, bias=0.0),
+               _manual_update(state, 1, [0, 2], 4, du=3.0, dv=-3.0, bias=1.0),
+               _manual_update(state, 2, [1, 2], 4, du=10.0, dv=-10.0, bias=2.0)]
+    new = method.aggregate(state, 1, updates, ctx)
+    u = state["factors"]["layers.3"]["u"].double().clone()
+    v = state["factors"]["layers.3"]["v"].double().clone()
+    shift = {0: (1.0 + 3.0) / 2, 1: (1.0 + 10.0) / 2, 2: (3.0 + 10.0) / 2}  # each term: 2 of 3 equal clients
+    for i, d in shift.items():
+        u[:, i] += d
+        v[i] -= d
+    expected = (u @ v).float()  # terms 3..9: nobody trained them, unchanged
+    assert torch.allclose(new["weights"]["layers.3.weight"], expected, atol=1e-5)
+    assert torch.allclose(new["weights"]["layers.1.bias"], torch.full((12,), 1.0))  # FedAvg of 0, 1, 2
+    assert new["diagnostics"][-1]["coverage"]["layers.3"] == [2, 2, 2] + [0] * 7
+    # the refreshed SVD of the new weights reproduces them
+    f = new["factors"]["layers.3"]
+    assert torch.allclose(f["u"] @ f["v"], expected, atol=1e-5)
+
+
+def test_aggregation_weights_by_data_size():
+    method = make_method("topn")
+    ctx = _ctx(SMALL_MLP)
+    state = method.init(ctx)
+    tasks = method.configure(state, 1, [ClientProfile(0, 0.1), ClientProfile(1, 0.1)], ctx)  # term 0 only
+
+    def edit(cid, tensors, terms):
+        tensors["layers.3.u"] = torch.full_like(tensors["layers.3.u"], float(cid))
+        tensors["layers.3.v"] = torch.ones_like(tensors["layers.3.v"])
+
+    new = method.aggregate(state, 1, _echo_updates(tasks, [1, 3], edit), ctx)
+    u, v = state["factors"]["layers.3"]["u"].double().clone(), state["factors"]["layers.3"]["v"].double().clone()
+    u[:, 0], v[0] = 0.75, 1.0  # (1*0 + 3*1) / 4
+    assert torch.allclose(new["weights"]["layers.3.weight"], (u @ v).float(), atol=1e-5)
+
+
+def test_resnet_client_trains_factorized_convs_with_static_bn():
+    factory = Factory("resnet18", width=0.125, input_shape=(3, 32, 32))
+    ctx = _ctx(factory, num_clients=1, input_shape=(3, 32, 32))
+    method = make_method("unbiased+cliplr", frobenius_reg=1e-3)
+    state = method.init(ctx)
+    assert state["norm"] == "bn_nostats" and not any("running_mean" in k for k in state["weights"])
+    task = method.configure(state, 1, [ClientProfile(0, 0.25)], ctx)[0]
+    assert task.tensors["layer1.0.conv1.v"].shape == (keep_count(8, 0.25), 8, 3, 3)
+    g = torch.Generator().manual_seed(0)
+    data = ClientDataset(ArrayData(torch.randn(8, 3, 32, 32, generator=g), torch.randint(0, 10, (8,), generator=g)),
+                         np.arange(8))
+    update = method.local_update(task, data, ClientContext(factory, torch.Generator().manual_seed(1)))
+    assert math.isfinite(update.stats["loss"]) and update.stats["steps"] == 2
+    sent = {k: v for k, v in task.tensors.items() if not k.endswith(".omega")}
+    assert {k: v.shape for k, v in update.tensors.items()} == {k: v.shape for k, v in sent.items()}
+    assert not torch.equal(update.tensors["layer2.0.conv1.u"], sent["layer2.0.conv1.u"])  # trained
+    new = method.aggregate(state, 1, [update], ctx)
+    assert set(new["weights"]) == set(state["weights"])
+
+
+# ----- end to end --------------------------------------------------------------------------------------------
+def _run(method, tmp_path, tag, **kw):
+    cfg = make_config(method, "digits", kw.pop("model", "mlp"), scale="ci", **kw)
+    return run_experiment(cfg, tmp_path / tag, cache=False, progress=False)
+
+
+def test_uploads_hold_only_the_clients_terms(tmp_path):
+    res = _run("topn", tmp_path, "a", heterogeneity="0.2:0.5,0.4:0.5", clients_per_round=4, rounds=1)
+    ledger = res.ledger[res.ledger.name != "__config__"]
+    up = ledger[ledger.direction == "up"]
+    assert not up.name.str.endswith(".omega").any()
+    keep = {}
+    model = build_model("mlp", num_classes=10, input_shape=(1, 8, 8))
+    dense_rest = sum(p.numel() for n, p in model.named_parameters() if n != "layers.3.weight") * 4
+    for client, rows in up.groupby("client"):
+        k = int(rows[rows.name == "layers.3.u"]["shape"].iloc[0].split("x")[1])
+        keep[client] = k
+        assert int(rows.bytes.sum()) == dense_rest + k * (200 + 200) * 4
+    sizes = {k: int(up[up.client == c].bytes.sum()) for c, k in keep.items()}
+    assert sorted(keep.values()) == [40, 40, 80, 80] and sizes[40] < sizes[80]
+
+
+@pytest.mark.parametrize("method,model,per_round", [("topn", "cnn", 2), ("prism", "mlp", 2), ("unbiased", "mlp", 2),
+                                                    ("collective", "mlp", 4)])
+def test_end_to_end_runs_are_deterministic(method, model, per_round, tmp_path):
+    kw = dict(heterogeneity="0.2:0.5,0.4:0.5", model=model, clients_per_round=per_round)
+    a, b = _run(method, tmp_path, "a", **kw), _run(method, tmp_path, "b", **kw)
+    acc = a.curve("accuracy")
+    assert list(acc["round"]) == [1, 2] and acc.value.between(0, 1).all()
+    assert a.history.equals(b.history)
+    assert a.ledger.equals(b.ledger)
+
+
+def test_nosharding_is_close_to_fedavg(tmp_path):
+    nosh = _run("nosharding", tmp_path, "n", rounds=4).final()
+    fedavg = _run("fedavg", tmp_path, "f", rounds=4).final()
+    assert fedavg > 0.7 and abs(nosh - fedavg) < 0.1
+
+
+def test_resumed_run_equals_uninterrupted_run(tmp_path):
+    cfg = make_config("prism", "digits", "mlp", scale="ci", heterogeneity="0.2:0.5,0.4:0.5")
+    whole = run_experiment(cfg, tmp_path / "whole", cache=False, progress=False)
+    run_experiment(cfg, tmp_path / "resumed", cache=False, progress=False, stop_after_round=1)
+    resumed = run_experiment(cfg, tmp_path / "resumed", cache=False, progress=False)
+    assert resumed.summary["resumed_from_round"] == 1
+    assert resumed.history.equals(whole.history)
