@@ -116,3 +116,12 @@ def test_method_round_metrics_reach_the_history(tmp_path):
     finally:
         del METHODS[FedAvgWithNorm.name]
     assert res.curve("weight_norm")["round"].tolist() == [1, 2]
+
+
+def test_a_diverging_run_stops_and_says_so(tmp_path):
+    res = run_experiment(_cfg(lr=1e6, rounds=4), tmp_path / "div", cache=False)  # SGD explodes at once
+    assert res.diverged and res.summary["diverged_at_round"] == 1
+    assert res.summary["final_accuracy"] is None and res.final() != res.final()  # NaN
+    assert res.history[res.history.metric == "diverged"]["round"].tolist() == [1]
+    again = run_experiment(_cfg(lr=1e6, rounds=4), tmp_path / "div", cache=False)
+    assert again.summary["diverged_at_round"] == 1

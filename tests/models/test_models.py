@@ -115,7 +115,8 @@ def test_make_norm_kinds():
     assert make_norm("gn", 6, dims=1)(torch.randn(4, 6)).shape == (4, 6)
 
 
-INPUTS = {"resnet18": (3, 32, 32), "vgg11": (3, 32, 32), "cnn": (1, 28, 28), "mlp": (1, 28, 28)}
+INPUTS = {"resnet18": (3, 32, 32), "vgg11": (3, 32, 32), "cnn": (1, 28, 28), "mlp": (1, 28, 28),
+          "flanc_cnn": (1, 28, 28), "fedp3_cnn": (3, 32, 32), "fedp3_mlp": (1, 28, 28)}
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -182,7 +183,7 @@ def test_classes_are_importable_and_match_the_registry():
     assert isinstance(build_model("vgg11", num_classes=10, input_shape=(3, 32, 32)), VGG11)
     assert isinstance(build_model("cnn", num_classes=10, input_shape=(1, 28, 28)), FedAvgCNN)
     assert isinstance(build_model("mlp", num_classes=10, input_shape=(1, 28, 28)), MLP)
-    assert MODELS == ("resnet18", "vgg11", "cnn", "mlp")
+    assert MODELS == ("resnet18", "vgg11", "cnn", "mlp", "flanc_cnn", "fedp3_cnn", "fedp3_mlp")
 
 
 @pytest.mark.parametrize(

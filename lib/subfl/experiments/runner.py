@@ -115,9 +115,14 @@ class RunResult:
         h = self.history
         return h[(h.metric == metric) & (h.group == group)][["round", "value"]].reset_index(drop=True)
 
+    @property
+    def diverged(self) -> bool:
+        return bool((self.history.metric == "diverged").any())
+
     def final(self, metric: str = "accuracy", group: str = "global") -> float:
+        """The metric at the end of the run (NaN if the run diverged or never recorded it)."""
         c = self.curve(metric, group)
-        return float(c.value.iloc[-1]) if len(c) else float("nan")
+        return float(c.value.iloc[-1]) if len(c) and not self.diverged else float("nan")
 
 
 def run_code_fingerprint(config: ExperimentConfig) -> str:
@@ -142,8 +147,11 @@ def _summary(config: ExperimentConfig, result, dataset: FederatedDataset, parts:
     final_acc = per_group.get("global/accuracy",
                               float(np.mean([per_group[f"{g}/accuracy"] for g in groups])) if groups else None)
     sizes = np.array([len(p) for p in parts])
+    if result.diverged_at is not None:
+        final_acc = None  # the model after divergence is not a result; the curve up to it stays in history.csv
     return {
         "final_accuracy": final_acc,
+        "diverged_at_round": result.diverged_at,
         "best_accuracy": float(acc[acc.group == "global"].value.max()) if "global" in groups else None,
         "final": per_group,
         "rounds": result.rounds_completed,
@@ -191,7 +199,7 @@ def run_experiment(config: ExperimentConfig, out_dir: str | Path | None = None, 
     result = run_simulation(method, dataset, parts, config.heterogeneity_setting, ctx, settings, test_data=test,
                             out_dir=target, fingerprint=key, progress=progress, stop_after_round=stop_after_round,
                             description=config.label())
-    if result.rounds_completed < config.rounds:
+    if result.rounds_completed < config.rounds and result.diverged_at is None:
         return RunResult(config, target)
     result.history.write_csv(target / "history.csv")
     result.ledger.to_frame().to_csv(target / "ledger.csv", index=False)
@@ -213,12 +221,15 @@ def run_seeds(config: ExperimentConfig, seeds: Iterable[int], **kwargs: Any) -> 
 
 def final_table(results: Iterable[RunResult], metric: str = "accuracy", group: str = "global",
                 by: Iterable[str] = ("method",)) -> pd.DataFrame:
-    """Mean ± std of the final ``metric`` over seeds, grouped by the given config fields."""
+    """Mean ± std of the final ``metric`` over seeds, grouped by the given config fields; ``diverged`` counts
+    the runs that diverged (their final value is NaN, so the group's mean is NaN too)."""
     by = list(by)
-    rows = [{**{b: getattr(r.config, b) for b in by}, "seed": r.config.seed, metric: r.final(metric, group)}
-            for r in results]
+    rows = [{**{b: getattr(r.config, b) for b in by}, "seed": r.config.seed, metric: r.final(metric, group),
+             "diverged": int(r.diverged)} for r in results]
     df = pd.DataFrame(rows)
-    return df.groupby(by)[metric].agg(["mean", "std", "count"]).reset_index()
+    table = df.groupby(by)[metric].agg(["mean", "std", "count"])
+    table["diverged"] = df.groupby(by)["diverged"].sum()
+    return table.reset_index()
 
 
 def history_frame(results: Iterable[RunResult], fields: Iterable[str] = ("method", "dataset", "partition", "seed"),

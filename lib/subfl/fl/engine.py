@@ -64,6 +64,12 @@ class SimulationResult:
     rounds_completed: int
     wall_time_s: float
     resumed_from: int = 0
+    diverged_at: int | None = None
+
+    @property
+    def finished(self) -> bool:
+        """True when the run reached its last round or stopped because it diverged."""
+        return self.diverged_at is not None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -102,6 +108,8 @@ def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Se
 
     With ``out_dir`` the state is checkpointed every ``checkpoint_every`` rounds; started again with the same
     ``fingerprint`` it resumes from the last checkpoint (a different fingerprint raises ``ValueError``).
+    A round in which a client's training loss is not finite ends the run: the history gets a ``diverged``
+    row for that round, nothing is aggregated or evaluated, and ``diverged_at`` is set.
     ``stop_after_round`` ends the call early after that round (as an interruption would).
     """
     num_clients = len(client_indices)
@@ -111,7 +119,7 @@ def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Se
     test_data = dataset.test if test_data is None else test_data
     clients = [ClientDataset(dataset.train, idx) for idx in client_indices]
     history, ledger, timings = History(), Ledger(), []
-    start_round, elapsed_before = 0, 0.0
+    start_round, elapsed_before, diverged_at = 0, 0.0, None
     checkpoint = Path(out_dir) / CHECKPOINT_NAME if out_dir is not None else None
     state: ServerState | None = None
     if checkpoint is not None and checkpoint.exists():
@@ -122,10 +130,13 @@ def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Se
         state, start_round = saved["state"], saved["round"]
         history.rows, ledger.rows, timings = saved["history"], saved["ledger"], saved["timings"]
         elapsed_before = saved["elapsed"]
+        diverged_at = start_round if saved.get("diverged") else None
     t_start = time.perf_counter()
     if state is None:
         state = method.init(ctx)
     last = settings.rounds if stop_after_round is None else min(settings.rounds, stop_after_round)
+    if diverged_at is not None:
+        last = diverged_at  # a diverged run is finished: nothing to resume
     bar = tqdm(range(start_round + 1, last + 1), desc=description or method.name, unit="round",
                disable=not progress_enabled(progress), leave=False, initial=start_round, total=settings.rounds)
     for rnd in bar:
@@ -150,7 +161,13 @@ def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Se
             ledger.record(rnd, int(cid), "up", update.tensors, update.stats)
             updates.append(update)
         timings.append((rnd, "local_train", t_local))
-        if updates:
+        diverged = any(not math.isfinite(float(u.stats.get("loss", 0.0))) for u in updates)
+        if diverged:  # the run is over: record it and stop, rather than average NaNs for the remaining rounds
+            history.add(rnd, "diverged", 1.0)
+            timings.append((rnd, "aggregate", 0.0))
+            last = diverged_at = rnd
+            bar.set_postfix(diverged=f"round {rnd}")
+        elif updates:
             n = sum(u.n_samples for u in updates)
             losses = [(u.stats.get("loss"), u.n_samples) for u in updates if u.stats.get("loss") is not None]
             if losses and n > 0:
@@ -160,7 +177,7 @@ def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Se
             timings.append((rnd, "aggregate", time.perf_counter() - t0))
             for (metric, group), value in method.round_metrics(state, rnd).items():
                 history.add(rnd, metric, value, group)
-        if rnd % settings.eval_every == 0 or rnd == settings.rounds:
+        if (rnd % settings.eval_every == 0 or rnd == settings.rounds) and not diverged:
             t0 = time.perf_counter()
             for group, model in method.evaluation_models(state, ctx).items():
                 metrics = evaluate(model.to(settings.device), test_data, batch_size=settings.eval_batch_size,
@@ -171,14 +188,16 @@ def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Se
             acc = history.last("accuracy")
             if not math.isnan(acc):
                 bar.set_postfix(acc=f"{acc:.3f}")
-        if checkpoint is not None and (rnd % settings.checkpoint_every == 0 or rnd == last):
+        if checkpoint is not None and (rnd % settings.checkpoint_every == 0 or rnd == last or diverged):
             _save_checkpoint(checkpoint, {
                 "fingerprint": fingerprint, "round": rnd, "state": state, "history": history.rows,
                 "ledger": ledger.rows, "timings": timings,
-                "elapsed": elapsed_before + time.perf_counter() - t_start})
+                "elapsed": elapsed_before + time.perf_counter() - t_start, "diverged": diverged})
+        if diverged:
+            break
     bar.close()
     return SimulationResult(history, ledger, timings, state, last, elapsed_before + time.perf_counter() - t_start,
-                            resumed_from=start_round)
+                            resumed_from=start_round, diverged_at=diverged_at)
 
 
 def write_timings(timings: Sequence[tuple[int, str, float]], path: str | Path) -> None:

@@ -11,11 +11,15 @@ from .base import ClientContext, Method, ServerContext, ServerState
 from .fedavg import FedAvg
 from .width import FedRolex, FjORD, HeteroFL
 from .spectral import SPECTRAL_METHODS
+from .flanc import FLANC
+from .fedp3 import FEDP3_METHODS
 
 METHODS: dict[str, type[Method]] = {
     FedAvg.name: FedAvg,
     HeteroFL.name: HeteroFL, FjORD.name: FjORD, FedRolex.name: FedRolex,
     **SPECTRAL_METHODS,  # spectral, topn, prism, prism+scaled, unbiased, collective, ... (methods/spectral.py)
+    FLANC.name: FLANC,
+    **FEDP3_METHODS,  # fedp3, lowerb, opu2, opu3, opu123, opu23 (methods/fedp3.py)
 }
 
 

@@ -11,6 +11,9 @@ resnet18    :class:`~subfl.models.resnet.ResNet18` ``"bn"``     —
 vgg11       :class:`~subfl.models.vgg.VGG11`       ``"bn"``     —
 cnn         :class:`~subfl.models.cnn.FedAvgCNN`   ``"none"``   —
 mlp         :class:`~subfl.models.mlp.MLP`         ``"none"``   ``hidden=(200, 200)``
+flanc_cnn   :class:`~subfl.models.composed.FlancCNN` ``"none"`` —
+fedp3_cnn   :class:`~subfl.models.fedp3_nets.FedP3CNN` ``"none"`` ``padding``
+fedp3_mlp   :class:`~subfl.models.fedp3_nets.FedP3MLP` ``"none"`` ``hidden``
 =========== ===================================== ============ =====================
 """
 from __future__ import annotations
@@ -22,6 +25,8 @@ from types import MappingProxyType
 from torch import nn
 
 from .cnn import FedAvgCNN
+from .composed import FlancCNN
+from .fedp3_nets import FedP3CNN, FedP3MLP
 from .mlp import MLP
 from .norm import check_norm
 from .resnet import ResNet18
@@ -45,6 +50,10 @@ _SPECS = MappingProxyType(
         "vgg11": ModelSpec("vgg11", VGG11, "bn", (), "VGG-11 (config A), adaptive-pool head"),
         "cnn": ModelSpec("cnn", FedAvgCNN, "none", (), "FedAvg CNN of McMahan et al. 2017"),
         "mlp": ModelSpec("mlp", MLP, "none", ("hidden",), "MLP, FedAvg 2NN by default"),
+        "flanc_cnn": ModelSpec("flanc_cnn", FlancCNN, "none", (), "FLANC's Fashion-MNIST CNN (released code)"),
+        "fedp3_cnn": ModelSpec("fedp3_cnn", FedP3CNN, "none", ("padding",),
+                               "FedP3 Table 4 CNN: 2 conv 5x5 (64), 3 FC"),
+        "fedp3_mlp": ModelSpec("fedp3_mlp", FedP3MLP, "none", ("hidden",), "FedP3 EMNIST-L MLP 784-1024-1024-1024"),
     }
 )
 
