@@ -345,3 +345,15 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
     resumed = run_experiment(cfg, tmp_path / "resumed", cache=False, progress=False)
     assert resumed.summary["resumed_from_round"] == 1
     assert resumed.history.equals(whole.history)
+
+
+def test_diagnostics_reach_the_history(tmp_path):
+    from subfl.experiments import make_config, run_experiment
+
+    cfg = make_config("prism", "digits", "mlp", scale="ci", rounds=2, heterogeneity="0.5",
+                      model_options={"hidden": (32, 32)})
+    h = run_experiment(cfg, tmp_path / "d", cache=False).history
+    ranks = h[h.metric == "effective_rank"]
+    assert set(ranks["round"]) == {1, 2} and (ranks.value > 1).all()
+    anme_rows = h[h.metric == "anme"]
+    assert set(anme_rows.group) == {"0.5"} and ((anme_rows.value > 0) & (anme_rows.value <= 1)).all()

@@ -13,6 +13,7 @@ from .width import FedRolex, FjORD, HeteroFL
 from .spectral import SPECTRAL_METHODS
 from .flanc import FLANC
 from .fedp3 import FEDP3_METHODS
+from .caff import CAFF
 
 METHODS: dict[str, type[Method]] = {
     FedAvg.name: FedAvg,
@@ -20,6 +21,7 @@ METHODS: dict[str, type[Method]] = {
     **SPECTRAL_METHODS,  # spectral, topn, prism, prism+scaled, unbiased, collective, ... (methods/spectral.py)
     FLANC.name: FLANC,
     **FEDP3_METHODS,  # fedp3, lowerb, opu2, opu3, opu123, opu23 (methods/fedp3.py)
+    CAFF.name: CAFF,
 }
 
 

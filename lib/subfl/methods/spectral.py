@@ -105,8 +105,8 @@ both parameterisations represent exactly the same set of sub-models (``u' v'ᵀ 
 merged result lives in the same space; the optimisation trajectories are not identical (gradient descent is
 not invariant to the reparameterisation), so this is a documented simplification, not an exact replica.
 
-Diagnostics (``state["diagnostics"]``, one JSON-able dict per round; the engine's history carries only
-evaluation metrics and ``train_loss``)::
+Diagnostics (``state["diagnostics"]``, one JSON-able dict per round; :meth:`SpectralSharding.round_metrics`
+also puts the effective ranks, covered fractions and ANME into the run's history)::
 
     {"round": t,
      "effective_rank": {layer: erank(λ)},        # of the spectrum the round sampled from (Roy & Vetterli
@@ -499,6 +499,18 @@ class SpectralSharding(Method):
         covered = {name: sum(1 for c in counts if c > 0) / max(1, len(counts)) for name, counts in coverage.items()}
         return {"round": int(round), "effective_rank": ranks, "coverage": dict(coverage), "covered": covered,
                 "anme": anmes, "clients": {_group(r): int(c) for r, c in sorted(groups.items())}}
+
+    def round_metrics(self, state: ServerState, round: int) -> dict[tuple[str, str], float]:
+        """The round's diagnostics as history rows: ``effective_rank`` and ``covered_fraction`` per layer
+        (group = layer name), ``anme`` per keep-ratio group."""
+        diags = state.get("diagnostics") or []
+        if not diags or diags[-1]["round"] != round:
+            return {}
+        d = diags[-1]
+        rows = {("effective_rank", layer): float(v) for layer, v in d["effective_rank"].items()}
+        rows.update({("covered_fraction", layer): float(v) for layer, v in d["covered"].items()})
+        rows.update({("anme", group): float(v) for group, v in d["anme"].items()})
+        return rows
 
     def evaluation_models(self, state: ServerState, ctx: ServerContext) -> dict[str, nn.Module]:
         model = _build(ctx.model_fn, state["norm"])
