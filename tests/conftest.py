@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
@@ -17,3 +18,12 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
 def data_root() -> Path | None:
     value = os.environ.get("SUBFL_DATA_ROOT")
     return Path(value) if value else None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tests run tiny models: one torch thread is faster than two on a busy 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

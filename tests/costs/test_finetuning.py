@@ -12,12 +12,6 @@ from subfl.models.transformers import TinyGPT, TinyViT
 B, T, E, H, V = 4, 32, 96, 3, 128
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _gpt(layers: int) -> TinyGPT:

@@ -28,12 +28,6 @@ def data_root():
     return default_data_root()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # ----- Eqs. (2)-(3) on a hand-made resource table -------------------------------------------------------------

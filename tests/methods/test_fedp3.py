@@ -18,27 +18,11 @@ from subfl.methods.fedp3 import (FEDP3_PRESETS, _LocalPruning, decode_pruned, en
                                  layer_units, magnitude_mask, model_layers)
 from subfl.models import build_model
 from subfl.models.fedp3_nets import FedP3CNN, FedP3MLP, build_fedp3_net
+from .helpers import Factory
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
-class Factory:
-    """Like the runner's ModelFactory: deterministic init, a ``width`` attribute."""
-
-    def __init__(self, name: str = "mlp", num_classes: int = 10, input_shape=(1, 8, 8), **kwargs):
-        self.name, self.width = name, 1.0
-        self.kwargs = dict(num_classes=num_classes, input_shape=input_shape, **kwargs)
-
-    def __call__(self, width: float | None = None, **overrides):
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            return build_model(self.name, width=self.width if width is None else width, **{**self.kwargs, **overrides})
 
 
 def _ctx(factory, num_clients=4, rounds=3, **training) -> ServerContext:

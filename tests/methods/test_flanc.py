@@ -16,30 +16,16 @@ from subfl.methods.flanc import FLANC, client_width, flanc_parameter_counts
 from subfl.models import build_model
 from subfl.models.composed import (ComposedConv2d, ComposedLinear, FlancCNN, build_composed_models, build_dense_model,
                                    compose_weight, composition_plan, orthogonality_penalty, orthonormal_columns)
+from functools import partial
+from .helpers import Factory as _Factory
+
+Factory = partial(_Factory, builder=build_dense_model)
 
 WIDTHS = (0.25, 0.5, 0.75, 1.0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
-class Factory:
-    """Like the runner's ModelFactory: deterministic init, a ``width`` attribute, keyword overrides."""
-
-    def __init__(self, name: str, width: float = 1.0, num_classes: int = 10, input_shape=(1, 8, 8), **kwargs):
-        self.name, self.width = name, width
-        self.kwargs = dict(num_classes=num_classes, input_shape=input_shape, **kwargs)
-
-    def __call__(self, width: float | None = None, **overrides):
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            return build_dense_model(self.name, width=self.width if width is None else width,
-                                     **{**self.kwargs, **overrides})
 
 
 def _ctx(factory, num_clients=4, rounds=2, **kw) -> ServerContext:
@@ -147,6 +133,8 @@ def test_parameter_counts_resnet18_dense_per_width():
 def test_flanc_cnn_family_shares_one_basis():
     models, plan = build_composed_models("flanc_cnn", WIDTHS, num_classes=10, input_shape=(1, 28, 28),
                                          generator=torch.Generator().manual_seed(0))
+
+
     assert sum(t.numel() for t in FlancCNN(10).parameters()) == 284_554
     assert list(plan) == ["conv1", "conv2"]  # head and classifier dense
     assert (plan["conv1"].r1, plan["conv1"].r2, plan["conv2"].r1, plan["conv2"].r2) == (8, 32, 16, 32)

@@ -21,28 +21,11 @@ from subfl.models.factorized import (FactorizedConv2d, FactorizedLinear, build_s
                                      decompose, dense_weight, factorize, factorized_modules, layer_specs, read_factors,
                                      set_omega)
 from subfl.sampling import keep_count, unbiased_inclusion, wallenius_inclusion
+from .helpers import Factory
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread is faster, and far faster on a busy machine (restored afterwards)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
-class Factory:
-    """Like the runner's ModelFactory: deterministic init and keyword overrides (e.g. ``norm``)."""
-
-    def __init__(self, name: str, width: float = 1.0, num_classes: int = 10, input_shape=(1, 8, 8), **kwargs):
-        self.name, self.width = name, width
-        self.kwargs = dict(num_classes=num_classes, input_shape=input_shape, **kwargs)
-
-    def __call__(self, width: float | None = None, **overrides):
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            return build_model(self.name, width=self.width if width is None else width, **{**self.kwargs, **overrides})
 
 
 def _ctx(factory, num_clients=3, input_shape=(1, 8, 8), **kw) -> ServerContext:

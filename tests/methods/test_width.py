@@ -18,28 +18,11 @@ from subfl.methods.width import _OrderedDropout, add_scaler, hidden_layers
 from subfl.models import build_model
 from subfl.models.slicing import (average_slices, coverage, extract, flatten_boundaries, leading_indices,
                                   leading_view, rolling_indices, scatter, state_shapes, window)
+from .helpers import Factory
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread is faster, and far faster on a busy machine (restored afterwards)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
-class Factory:
-    """A model factory like the runner's ModelFactory: deterministic init, ``width`` attribute, overrides."""
-
-    def __init__(self, name: str, width: float = 1.0, num_classes: int = 10, input_shape=(1, 8, 8), **kwargs):
-        self.name, self.width, self.kwargs = name, width, dict(num_classes=num_classes, input_shape=input_shape,
-                                                               **kwargs)
-
-    def __call__(self, width: float | None = None, **overrides):
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            return build_model(self.name, width=self.width if width is None else width, **{**self.kwargs, **overrides})
 
 
 def _ctx(factory, num_clients=4, rounds=3, **kw) -> ServerContext:

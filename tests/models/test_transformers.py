@@ -10,12 +10,6 @@ from subfl.models.transformers import (LAYER_DEPTHS, LORA_TARGETS, LoRALinear, T
                                        tiny_gpt, tiny_vit, trainable_parameter_names, trained_block_indices)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _gpt(layers=2, vocab=50, embed=12, heads=3, context=16, **kw) -> TinyGPT:
