@@ -61,19 +61,16 @@ from ..models.composed import (R1_FRACTION, R2_FRACTION, ComposedLayerSpec, buil
                                compose_model, composed_modules, composition_plan, init_bases, init_coefficients,
                                orthogonality_penalty, split_state)
 from .base import ClientContext, Method, ServerContext, ServerState, clone_tensors
-from .width import SBN_NORM, global_width, has_batchnorm_statistics, level_name, model_width
+from .width import SBN_NORM, _check_levels, global_width, has_batchnorm_statistics, level_name, model_width
 
 DEFAULT_WIDTHS = (0.25, 0.5, 0.75, 1.0)
 ORTHO_REDUCTIONS = ("mean", "sum")
 
 
 def _check_widths(value: Any) -> tuple[float, ...]:
-    try:
-        widths = tuple(sorted({float(v) for v in value}))
-    except (TypeError, ValueError):
-        raise ValueError(f"option widths must be a sequence of numbers in (0, 1], got {value!r}") from None
-    if not widths or any(not 0.0 < v <= 1.0 for v in widths):
-        raise ValueError(f"option widths must be a non-empty sequence of numbers in (0, 1], got {value!r}")
+    widths = _check_levels(value, "widths")
+    if widths is None:
+        raise ValueError("option widths must be a non-empty sequence of numbers in (0, 1], got None")
     return widths
 
 

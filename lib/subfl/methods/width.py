@@ -114,7 +114,7 @@ def _check_levels(value: Any, option: str) -> tuple[float, ...] | None:
     try:
         levels = tuple(sorted({float(v) for v in value}))
     except (TypeError, ValueError):
-        raise ValueError(f"option {option} must be a sequence of numbers in (0, 1] or None, got {value!r}") from None
+        raise ValueError(f"option {option} must be a sequence of numbers in (0, 1], got {value!r}") from None
     if not levels or any(not 0.0 < v <= 1.0 for v in levels):
         raise ValueError(f"option {option} must be a non-empty sequence of numbers in (0, 1], got {value!r}")
     return levels
