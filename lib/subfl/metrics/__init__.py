@@ -5,12 +5,6 @@ diagnostics (``anme``, ``effective_rank``) are in :mod:`subfl.metrics.spectral`.
 """
 from ..fl.training import evaluate
 from .partition import partition_summary, summarise_partitions
+from .spectral import anme, effective_rank
 
-__all__ = ["evaluate", "partition_summary", "summarise_partitions"]
-
-try:  # spectral diagnostics (PriSM / spectral sharding)
-    from .spectral import anme, effective_rank  # noqa: F401
-
-    __all__ += ["anme", "effective_rank"]
-except ImportError:  # pragma: no cover - only while the module is absent
-    pass
+__all__ = ["anme", "effective_rank", "evaluate", "partition_summary", "summarise_partitions"]
