@@ -39,3 +39,22 @@ def mean_band(frame: pd.DataFrame, x: str, y: str, ax=None, label: str | None = 
         ax.fill_between(stats[x], stats["mean"] - stats["std"].fillna(0), stats["mean"] + stats["std"].fillna(0),
                         color=line.get_color(), alpha=0.2, linewidth=0)
     return ax
+
+
+def by_width(table: pd.DataFrame, ax=None, label_field: str = "method", value: str = "mean", error: str = "std",
+             reference: float | None = None, reference_label: str = "full-model FedAvg", **kwargs):
+    """Accuracy (or any metric) against sub-model width: one line with error bars per ``label_field`` value.
+
+    ``table``: rows with ``width``, ``value`` and ``error`` columns (e.g. :func:`subfl.experiments.analysis.
+    width_table`); ``reference``: a horizontal dashed line (e.g. the full model's accuracy)."""
+    ax = ax or plt.gca()
+    for name, sub in table.groupby(label_field, sort=False):
+        sub = sub.sort_values("width")
+        err = sub[error].fillna(0) if error in sub else None
+        ax.errorbar(sub["width"], sub[value], yerr=err, marker="o", capsize=3, label=str(name), **kwargs)
+    if reference is not None:
+        ax.axhline(reference, color="0.4", linestyle="--", linewidth=1, label=reference_label)
+    ax.set_xlabel("sub-model width p")
+    ax.set_xticks(sorted(table["width"].unique()))
+    ax.grid(alpha=0.3)
+    return ax

@@ -1,0 +1,102 @@
+"""Reading finished runs by client capacity: who had which keep ratio, what each width sent, what it cost.
+
+The engine's ledger records tensors per (round, client, direction) but not the client's keep ratio; that is a
+pure function of the run's configuration (:meth:`~subfl.fl.profiles.Heterogeneity.profiles`), recomputed here
+exactly as the engine draws it, so per-width traffic is measured from the ledger, not assumed.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import pandas as pd
+import torch
+
+from ..costs import count_parameters, training_flops
+from ..methods.width import model_width
+from ..models.composed import build_composed_models, build_dense_model
+from .config import ExperimentConfig
+from .runner import RunResult
+
+IMAGE_SHAPES = {"fmnist": (1, 28, 28), "femnist": (1, 28, 28), "cifar10": (3, 32, 32)}
+
+
+def client_levels(config: ExperimentConfig, round: int) -> dict[int, float]:
+    """``{client: keep ratio}`` in ``round`` (1-based) of a run of ``config`` — the engine's own draw."""
+    if round < 1 or round > config.rounds:
+        raise ValueError(f"round must be in 1..{config.rounds} (config.rounds), got {round}")
+    profiles = config.heterogeneity_setting.profiles(config.num_clients, config.seed, round)
+    return {p.client_id: float(p.keep_ratio) for p in profiles}
+
+
+def payload_by_level(result: RunResult, direction: str = "up") -> pd.DataFrame:
+    """Bytes one client moves in one round (``direction`` ``"up"`` or ``"down"``), by its keep ratio.
+
+    Read from the ledger (tensors only; the small JSON config row is left out). One row per keep ratio:
+    ``level``, ``client_rounds`` (how many (client, round) payloads were seen), ``bytes_mean`` / ``bytes_min`` /
+    ``bytes_max`` and ``tensors`` (tensor count of one payload, its maximum).
+    """
+    if direction not in ("up", "down"):
+        raise ValueError(f"direction must be 'up' or 'down', got {direction!r}")
+    ledger = result.ledger
+    rows = ledger[(ledger.direction == direction) & (ledger.name != "__config__")]
+    per = rows.groupby(["round", "client"]).agg(bytes=("bytes", "sum"), tensors=("name", "count")).reset_index()
+    levels = {r: client_levels(result.config, r) for r in per["round"].unique()}
+    per["level"] = [levels[r][c] for r, c in zip(per["round"], per["client"])]
+    out = per.groupby("level").agg(client_rounds=("bytes", "size"), bytes_mean=("bytes", "mean"),
+                                   bytes_min=("bytes", "min"), bytes_max=("bytes", "max"),
+                                   tensors=("tensors", "max")).reset_index()
+    return out
+
+
+def width_table(results: Iterable[RunResult], groups: Sequence[str] = ("0.25", "0.5", "0.75", "1"),
+                by: Sequence[str] = ("method",), metric: str = "accuracy") -> pd.DataFrame:
+    """Final ``metric`` of every evaluated width (history group) — mean, std and count over seeds.
+
+    One row per (``by`` fields, ``width``); ``width`` is the group name as a float. Groups a run never evaluated
+    (e.g. width 0.5 in a two-device-type run) are left out; a diverged run counts as NaN (``diverged`` column).
+    """
+    by = list(by)
+    rows = []
+    for r in results:
+        for g in groups:
+            if r.curve(metric, g).empty and not r.diverged:
+                continue
+            rows.append({**{b: getattr(r.config, b) for b in by}, "width": float(g), "seed": r.config.seed,
+                         metric: r.final(metric, g), "diverged": int(r.diverged)})
+    if not rows:
+        raise ValueError(f"no run recorded {metric!r} for any of the groups {list(groups)}")
+    frame = pd.DataFrame(rows)
+    return (frame.groupby([*by, "width"], sort=False)
+            .agg(mean=(metric, "mean"), std=(metric, "std"), seeds=("seed", "count"), diverged=("diverged", "sum"))
+            .reset_index())
+
+
+def width_costs(model: str, widths: Sequence[float], *, dataset: str = "fmnist", width: float = 1.0,
+                num_classes: int = 10, composed: bool = False, **composition) -> pd.DataFrame:
+    """Parameters and training FLOPs of one sample, for the p-width model of every ``p`` in ``widths``.
+
+    ``composed=False``: the dense p-width slice (what HeteroFL / FjORD / FedRolex train); ``True``: FLANC's
+    composed p-width model (:func:`~subfl.models.composed.build_composed_models`, ``composition`` = its
+    ``r1`` / ``r2`` / ``r1_fraction`` / ``r2_fraction``), whose FLOPs include composing ``W_p = V U_p`` in the
+    forward pass and its gradient. FLOPs measured with ``FlopCounterMode`` (:func:`~subfl.costs.training_flops`).
+    """
+    if dataset not in IMAGE_SHAPES:
+        raise ValueError(f"dataset={dataset!r} has no input shape here; accepted: {', '.join(IMAGE_SHAPES)}")
+    shape = IMAGE_SHAPES[dataset]
+    if composed:
+        models, _ = build_composed_models(model, widths, num_classes=num_classes, input_shape=shape, width=width,
+                                          **composition)
+    else:
+        if composition:
+            raise ValueError(f"composition options {sorted(composition)} need composed=True")
+        models = {float(p): build_dense_model(model, num_classes=num_classes, input_shape=shape,
+                                              width=model_width(width, p)) for p in widths}
+    example = torch.zeros(1, *shape)
+    rows = []
+    for p, m in sorted(models.items()):
+        flops = training_flops(m, example)
+        rows.append({"width": p, "parameters": count_parameters(m), "train_flops_per_sample": flops["total"]})
+    return pd.DataFrame(rows)
+
+
+__all__ = ["IMAGE_SHAPES", "client_levels", "payload_by_level", "width_costs", "width_table"]

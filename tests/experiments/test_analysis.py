@@ -1,0 +1,75 @@
+"""Per-width traffic and costs read back from finished runs (digits: always available, seconds)."""
+from collections import Counter
+
+import pytest
+
+from subfl.costs import parameter_bytes
+from subfl.experiments import make_config, run_experiment
+from subfl.experiments.analysis import client_levels, payload_by_level, width_costs, width_table
+from subfl.experiments.catalog import FLANC_SETTINGS, flanc_config
+from subfl.methods.width import model_width
+from subfl.models import build_model
+
+
+def test_static_levels_have_the_requested_shares_and_dynamic_ones_move():
+    cfg = flanc_config("flanc", "static", scale="cpu")
+    counts = Counter(client_levels(cfg, 1).values())
+    assert counts == {0.25: 25, 0.5: 25, 0.75: 25, 1.0: 25}
+    assert client_levels(cfg, 1) == client_levels(cfg, cfg.rounds)
+    dyn = flanc_config("flanc", "dynamic", scale="cpu")
+    assert client_levels(dyn, 1) != client_levels(dyn, 2)
+    a25 = Counter(client_levels(flanc_config("heterofl", "A25", scale="cpu"), 1).values())
+    assert a25 == {1.0: 25, 0.25: 75}
+    with pytest.raises(ValueError, match="round"):
+        client_levels(cfg, 0)
+
+
+def test_flanc_config_validates_and_applies_the_chapter_defaults():
+    assert set(FLANC_SETTINGS) >= {"static", "dynamic", "A25", "A75", "full"}
+    cfg = flanc_config("heterofl", "static", "classes", scale="cpu")
+    assert (cfg.model, cfg.width, cfg.partition, cfg.classes_per_client) == ("flanc_cnn", 0.25, "k_classes", 3)
+    assert dict(cfg.method_options) == {"scaler": False}
+    assert dict(flanc_config("heterofl", scaler=True).method_options) == {"scaler": True}
+    for bad in (dict(setting="half"), dict(partition="dirichlet"), dict(dataset="digits")):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            flanc_config("flanc", **bad)
+
+
+@pytest.fixture(scope="module")
+def heterofl_run(tmp_path_factory):
+    cfg = make_config("heterofl", "digits", "mlp", scale="ci", heterogeneity="0.5:0.5,1.0:0.5", rounds=2,
+                      num_clients=4, clients_per_round=4, method_options={"scaler": False})
+    return run_experiment(cfg, tmp_path_factory.mktemp("heterofl") / "run", cache=False)
+
+
+def test_payload_by_level_matches_the_slice_sizes(heterofl_run):
+    result, cfg = heterofl_run, heterofl_run.config
+    up = payload_by_level(result, "up").set_index("level")
+    for level in (0.5, 1.0):
+        model = build_model("mlp", num_classes=10, input_shape=(64,), width=model_width(cfg.width, level))
+        assert up.loc[level, "bytes_min"] == up.loc[level, "bytes_max"] == parameter_bytes(model)
+        assert up.loc[level, "client_rounds"] == 4  # 2 clients x 2 rounds
+    with pytest.raises(ValueError, match="direction"):
+        payload_by_level(result, "sideways")
+
+
+def test_width_costs_grow_with_width_and_composition_adds_its_own_cost():
+    dense = width_costs("flanc_cnn", (0.5, 1.0), width=0.25)
+    composed = width_costs("flanc_cnn", (0.5, 1.0), width=0.25, composed=True)
+    assert list(dense.parameters) == [sum(p.numel() for p in build_model(
+        "flanc_cnn", num_classes=10, input_shape=(1, 28, 28), width=w).parameters()) for w in (0.125, 0.25)]
+    assert dense.train_flops_per_sample.is_monotonic_increasing
+    # composing W_p = V U_p costs FLOPs of its own, but the convolutions are the same size
+    assert (composed.train_flops_per_sample > dense.train_flops_per_sample).all()
+    assert (composed.train_flops_per_sample < 1.5 * dense.train_flops_per_sample).all()
+    with pytest.raises(ValueError, match="composed=True"):
+        width_costs("flanc_cnn", (1.0,), r1=2)
+
+
+def test_width_table_averages_seeds_per_width(heterofl_run):
+    table = width_table([heterofl_run, heterofl_run], groups=("0.5", "1", "0.25"))
+    assert list(table.width) == [0.5, 1.0]  # 0.25 was never evaluated: left out
+    assert list(table.seeds) == [2, 2] and (table["std"] == 0).all()
+    assert table.set_index("width").loc[1.0, "mean"] == pytest.approx(heterofl_run.final(group="1"))
+    with pytest.raises(ValueError, match="no run recorded"):
+        width_table([heterofl_run], groups=("0.3",))
