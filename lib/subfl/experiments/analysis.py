@@ -71,6 +71,12 @@ def width_table(results: Iterable[RunResult], groups: Sequence[str] = ("0.25", "
             .reset_index())
 
 
+def mean_std_labels(table: pd.DataFrame, digits: int = 4) -> list[str]:
+    """``"mean ± std"`` strings of a table with ``mean`` and ``std`` columns (just the mean when std is NaN)."""
+    return [f"{m:.{digits}f} ± {s:.{digits}f}" if s == s else f"{m:.{digits}f}" for m, s in zip(table["mean"],
+                                                                                             table["std"])]
+
+
 def width_costs(model: str, widths: Sequence[float], *, dataset: str = "fmnist", width: float = 1.0,
                 num_classes: int = 10, composed: bool = False, **composition) -> pd.DataFrame:
     """Parameters and training FLOPs of one sample, for the p-width model of every ``p`` in ``widths``.
@@ -99,4 +105,4 @@ def width_costs(model: str, widths: Sequence[float], *, dataset: str = "fmnist",
     return pd.DataFrame(rows)
 
 
-__all__ = ["IMAGE_SHAPES", "client_levels", "payload_by_level", "width_costs", "width_table"]
+__all__ = ["IMAGE_SHAPES", "client_levels", "payload_by_level", "mean_std_labels", "width_costs", "width_table"]

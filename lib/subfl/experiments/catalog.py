@@ -1,7 +1,11 @@
 """Named experiments shared by several chapters (so two notebooks never drift apart on one setting)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
 from .config import ExperimentConfig, make_config
+from .runner import RunResult, run_seeds
 
 # CIFAR-10 reference at the cpu scale: the FedAvg CNN at full width (a narrowed ResNet-18 is ~15× slower per
 # image on 2 cores), 20 clients of 1 000 images, 10 per round, 2 local epochs, 40 rounds.
@@ -66,3 +70,15 @@ def flanc_config(method: str, setting: str = "static", partition: str = "iid", *
                **method_options}
     return make_config(method, dataset, scale=scale, seed=seed, heterogeneity=FLANC_SETTINGS[setting],
                        method_options=options, **FLANC_PARTITIONS[partition], **sizes)
+
+
+FLANC_METHODS = ("heterofl", "fjord", "fedrolex", "flanc")
+"""The methods of the FLANC chapter's comparisons (FedRolex is beyond the paper)."""
+
+
+def flanc_runs(setting: str, partition: str = "iid", *, methods: Sequence[str] = FLANC_METHODS,
+               seeds: Sequence[int] = (0,), dataset: str = "fmnist", scale: str = "cpu",
+               data_root: str | Path | None = None, **method_options) -> list[RunResult]:
+    """Every ``method`` × ``seed`` of one FLANC-chapter setting (:func:`flanc_config`), run or read from the cache."""
+    return [r for m in methods for r in run_seeds(flanc_config(m, setting, partition, dataset=dataset, scale=scale,
+                                                               **method_options), seeds, data_root=data_root)]
