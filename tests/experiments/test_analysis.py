@@ -28,6 +28,7 @@ def test_flanc_config_validates_and_applies_the_chapter_defaults():
     assert set(FLANC_SETTINGS) >= {"static", "dynamic", "A25", "A75", "full"}
     cfg = flanc_config("heterofl", "static", "classes", scale="cpu")
     assert (cfg.model, cfg.width, cfg.partition, cfg.classes_per_client) == ("flanc_cnn", 0.25, "k_classes", 3)
+    assert (cfg.lr, flanc_config("flanc", "static", "iid").lr) == (0.01, 0.02)  # the non-iid split runs at 0.01
     assert dict(cfg.method_options) == {"scaler": False}
     assert dict(flanc_config("heterofl", scaler=True).method_options) == {"scaler": True}
     for bad in (dict(setting="half"), dict(partition="dirichlet"), dict(dataset="digits")):
