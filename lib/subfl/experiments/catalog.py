@@ -44,8 +44,9 @@ FLANC_PARTITIONS = {"iid": dict(partition="iid"), "classes": dict(partition="k_c
 _FLANC_CPU_PARTITION = {"classes": dict(lr=0.01)}
 
 # HeteroFL's scaler multiplies every hidden layer's output by 1/p in training; it assumes a normalisation layer
-# follows. FLANC's CNN has none, so the factors compound (4 × 4 × 4 at p = 1/4) and HeteroFL / FedRolex
-# diverged in round 4 at the cpu scale (measured; the chapter shows it). The chapter runs them without it.
+# follows. FLANC's CNN has none, so the factors compound (4 × 4 × 4 at p = 1/4): at the cpu scale HeteroFL and
+# FedRolex with the scaler produced a non-finite loss in round 4 with one torch thread, and HeteroFL ended
+# below its scaler-free run with two (measured; the chapter shows it). The chapter runs them without it.
 FLANC_METHOD_DEFAULTS = {"heterofl": {"scaler": False}, "fedrolex": {"scaler": False}}
 
 # Fashion-MNIST at the cpu scale: FLANC's CNN at width 0.25 (the four sub-models have 4/8/8 … 16/32/32
