@@ -87,6 +87,13 @@ def _prunable(name: str, tensor: torch.Tensor, params: set[str]) -> bool:
     return name in params and tensor.is_floating_point() and tensor.dim() >= 2
 
 
+def _units_and_state(model: nn.Module, grouping: str):
+    """``(units with the FFC last, the FFC, the state dict, the parameter names)`` of ``model``."""
+    _check_grouping(grouping)
+    units, final = layer_units(model, grouping)
+    return [*units, final], final, model.state_dict(), {n for n, _ in model.named_parameters()}
+
+
 def unit_sizes(model: nn.Module, grouping: str = "layer") -> pd.DataFrame:
     """One row per FedP3 unit of ``model`` (assignable units in order, then the FFC).
 
@@ -94,12 +101,9 @@ def unit_sizes(model: nn.Module, grouping: str = "layer") -> pd.DataFrame:
     state-dict entries — parameters and buffers — as uploaded), ``prunable`` (entries of its rank >= 2
     floating-point parameters, what global pruning may zero) and ``final`` (True for the FFC).
     """
-    _check_grouping(grouping)
-    units, final = layer_units(model, grouping)
-    state = model.state_dict()
-    params = {n for n, _ in model.named_parameters()}
+    units, final, state, params = _units_and_state(model, grouping)
     rows = []
-    for unit in [*units, final]:
+    for unit in units:
         rows.append({
             "unit": unit.name,
             "tensors": tuple(unit.keys),
@@ -228,12 +232,9 @@ def unit_wire_bytes(model: nn.Module, keep: float, grouping: str = "layer") -> p
     pruned_bytes)``.
     """
     keep = check_keep(keep)
-    _check_grouping(grouping)
-    units, final = layer_units(model, grouping)
-    state = model.state_dict()
-    params = {n for n, _ in model.named_parameters()}
+    units, final, state, params = _units_and_state(model, grouping)
     rows = []
-    for unit in [*units, final]:
+    for unit in units:
         dense_b = pruned_b = dense_p = kept_p = 0
         for key in unit.keys:
             t = state[key]
