@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..methods.fedp3 import GROUPINGS, INDEX_SUFFIX, MASK_SUFFIX, layer_units
+from ..methods.fedp3 import FEDP3_PRESETS, GROUPINGS, INDEX_SUFFIX, MASK_SUFFIX, layer_units
 
 PAPER_LAYER_SAVINGS: dict[str, float] = {"lowerb": 0.6, "opu2": 0.4, "opu3": 0.2}
 """FedP3's stated communication savings (upload, by layer count, 5-layer CNN) of LowerB / OPU2 / OPU3."""
@@ -43,9 +43,6 @@ PAPER_LAYER_SAVINGS: dict[str, float] = {"lowerb": 0.6, "opu2": 0.4, "opu3": 0.2
 PAPER_RATIOS: dict[str, float] = {"cifar10": 10815.0, "cifar100": 1522.91, "fmnist": 13749.46, "emnist_l": 30.23}
 """The per-dataset ratios FedP3 reports with Fig. 6 / Appendix B.5 (its definition is not restated here)."""
 
-VARIANT_LAYERS: dict[str, tuple[int, ...]] = {"lowerb": (1,), "opu2": (2,), "opu3": (3,), "opu123": (1, 2, 3),
-                                              "opu23": (2, 3)}
-"""FedP3 variant → the set from which ``k`` (units trained besides the FFC) is drawn uniformly."""
 
 MAX_SUBSETS = 2_000_000
 """Largest number of subsets :func:`subset_distribution` enumerates by default."""
@@ -172,14 +169,14 @@ def expected_upload(sizes: Sequence[int | float], final: int | float, layers: An
 
 def upload_table(model: nn.Module, variants: Mapping[str, Any] | None = None,
                  grouping: str = "layer") -> pd.DataFrame:
-    """Expected upload of one client in one round, per FedP3 variant (default :data:`VARIANT_LAYERS`).
+    """Expected upload of one client in one round, per FedP3 variant (default :data:`~subfl.methods.fedp3.FEDP3_PRESETS`: variant → the set ``k`` is drawn from).
 
     Columns: ``variant``, ``k`` (its set), ``layers_up`` (expected units uploaded, FFC included),
     ``layer_fraction`` (of all units — the paper's measure), ``params_up`` / ``param_fraction``, ``bytes_up``
     (expected), ``bytes_std``, ``bytes_min``, ``bytes_max``, ``byte_fraction``, and ``paper_saving`` (the
     paper's stated saving, NaN where it states none).
     """
-    variants = dict(VARIANT_LAYERS if variants is None else variants)
+    variants = dict(FEDP3_PRESETS if variants is None else variants)
     sizes = unit_sizes(model, grouping)
     others, final = sizes[~sizes.final], sizes[sizes.final].iloc[0]
     n_units = len(sizes)
@@ -264,7 +261,7 @@ def deployed_table(model: nn.Module, keeps: Iterable[float] = (1.0, 0.9, 0.7, 0.
     ``kept_fraction``, ``bytes_down`` (expected wire bytes, mask/index included), ``bytes_down_min`` /
     ``bytes_down_max`` and ``byte_fraction`` (of the dense model's bytes).
     """
-    variants = dict(VARIANT_LAYERS if variants is None else variants)
+    variants = dict(FEDP3_PRESETS if variants is None else variants)
     _check_grouping(grouping)
     rows = []
     for keep in keeps:
@@ -364,7 +361,7 @@ def layer_ratio_matches(sizes: Sequence[int], target: float, tolerance: float) -
     return [(a, b, sa / sb) for a, sa in sums.items() for b, sb in sums.items() if abs(sa / sb - target) <= tolerance]
 
 
-__all__ = ["MAX_SUBSETS", "PAPER_LAYER_SAVINGS", "PAPER_RATIOS", "VARIANT_LAYERS", "check_keep", "check_layers",
+__all__ = ["MAX_SUBSETS", "PAPER_LAYER_SAVINGS", "PAPER_RATIOS", "check_keep", "check_layers",
            "deployed_table", "distribution_moments", "expected_upload", "kept_entries", "layer_ratio_matches",
            "pruned_tensor_bytes", "subset_distribution", "unit_sizes", "unit_wire_bytes", "upload_audit",
            "upload_table"]

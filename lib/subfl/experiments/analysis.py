@@ -15,7 +15,7 @@ from ..costs import count_parameters, training_flops
 from ..methods.width import model_width
 from ..models.composed import build_composed_models, build_dense_model
 from .config import ExperimentConfig
-from .runner import RunResult
+from .runner import RunResult, final_table
 
 IMAGE_SHAPES = {"fmnist": (1, 28, 28), "femnist": (1, 28, 28), "cifar10": (3, 32, 32)}
 
@@ -50,25 +50,22 @@ def payload_by_level(result: RunResult, direction: str = "up") -> pd.DataFrame:
 
 def width_table(results: Iterable[RunResult], groups: Sequence[str] = ("0.25", "0.5", "0.75", "1"),
                 by: Sequence[str] = ("method",), metric: str = "accuracy") -> pd.DataFrame:
-    """Final ``metric`` of every evaluated width (history group) — mean, std and count over seeds.
+    """Final ``metric`` of every evaluated width (history group): :func:`~subfl.experiments.final_table` per group.
 
-    One row per (``by`` fields, ``width``); ``width`` is the group name as a float. Groups a run never evaluated
-    (e.g. width 0.5 in a two-device-type run) are left out; a diverged run counts as NaN (``diverged`` column).
+    One row per (``by`` fields, ``width``), in the order the runs come in; ``width`` is the group name as a float,
+    ``seeds`` the runs with a finite final value. Groups a run never evaluated (e.g. width 0.5 in a two-device-type
+    run) are left out; a diverged run counts as NaN (``diverged`` column).
     """
-    by = list(by)
-    rows = []
-    for r in results:
-        for g in groups:
-            if r.curve(metric, g).empty and not r.diverged:
-                continue
-            rows.append({**{b: getattr(r.config, b) for b in by}, "width": float(g), "seed": r.config.seed,
-                         metric: r.final(metric, g), "diverged": int(r.diverged)})
-    if not rows:
+    by, results = list(by), list(results)
+    tables = [final_table(ran, metric, g, by).assign(width=float(g)) for g in groups
+              if (ran := [r for r in results if r.diverged or not r.curve(metric, g).empty])]
+    if not tables:
         raise ValueError(f"no run recorded {metric!r} for any of the groups {list(groups)}")
-    frame = pd.DataFrame(rows)
-    return (frame.groupby([*by, "width"], sort=False)
-            .agg(mean=(metric, "mean"), std=(metric, "std"), seeds=("seed", "count"), diverged=("diverged", "sum"))
-            .reset_index())
+    order = list(dict.fromkeys(getattr(r.config, by[0]) for r in results))  # keep the callers' order
+    table = pd.concat(tables, ignore_index=True).rename(columns={"count": "seeds"})
+    return (table.sort_values([by[0], "width"], key=lambda s: s.map(order.index) if s.name == by[0] else s,
+                              kind="stable")
+            .reset_index(drop=True)[[*by, "width", "mean", "std", "seeds", "diverged"]])
 
 
 def mean_std_labels(table: pd.DataFrame, digits: int = 4) -> list[str]:

@@ -69,9 +69,7 @@ def flanc_config(method: str, setting: str = "static", partition: str = "iid", *
     if dataset not in _FLANC_CPU:
         raise ValueError(f"dataset={dataset!r} has no FLANC setting; accepted: {', '.join(_FLANC_CPU)}")
     sizes = ({**_FLANC_CPU[dataset], **_FLANC_CPU_PARTITION.get(partition, {})} if scale == "cpu"
-             else {"model": _FLANC_CPU[dataset]["model"]})
-    if scale == "ci":
-        sizes["width"] = 0.25
+             else {"model": _FLANC_CPU[dataset]["model"]})  # the ci preset is already at width 0.25
     options = {**(FLANC_METHOD_DEFAULTS.get(method, {}) if sizes["model"] == "flanc_cnn" else {}),
                **method_options}
     return make_config(method, dataset, scale=scale, seed=seed, heterogeneity=FLANC_SETTINGS[setting],
