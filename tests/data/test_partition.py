@@ -337,3 +337,14 @@ RNG = np.random.default_rng
 def test_bad_inputs_raise_naming_the_parameter(call, error, fragment) -> None:
     with pytest.raises(error, match=fragment):
         call()
+
+
+def test_local_test_split_holds_out_the_fraction_and_keeps_one_training_sample():
+    from subfl.data import local_test_split
+    parts = [np.arange(10), np.arange(10, 13), np.array([13])]
+    train, test = local_test_split(parts, 0.3, np.random.default_rng(0))
+    assert [len(t) for t in test] == [3, 1, 0] and [len(t) for t in train] == [7, 2, 1]
+    for whole, tr, te in zip(parts, train, test):
+        assert sorted(np.concatenate([tr, te]).tolist()) == whole.tolist()
+    with pytest.raises(ValueError, match="fraction"):
+        local_test_split(parts, 1.0, np.random.default_rng(0))

@@ -125,3 +125,59 @@ def test_a_diverging_run_stops_and_says_so(tmp_path):
     assert res.history[res.history.metric == "diverged"]["round"].tolist() == [1]
     again = run_experiment(_cfg(lr=1e6, rounds=4), tmp_path / "div", cache=False)
     assert again.summary["diverged_at_round"] == 1
+
+
+def test_a_diverged_round_has_no_aggregate_timing(tmp_path):
+    res = run_experiment(_cfg(lr=1e6, rounds=4), tmp_path / "div", cache=False)
+    assert set(res.timings.stage) == {"configure", "local_train"}
+
+
+def test_local_test_sets_are_held_out_and_scored(tmp_path):
+    from subfl.experiments.runner import client_splits, prepare_data
+    from subfl.fl import evaluate
+    from subfl.methods import METHODS, FedAvg
+
+    cfg = _cfg(rounds=2, local_test_fraction=0.3)
+    _, _, parts = prepare_data(cfg)
+    train, local = client_splits(cfg, parts)
+    for whole, tr, te in zip(parts, train, local):
+        assert len(te) == round(0.3 * len(whole)) and not set(tr) & set(te) and set(tr) | set(te) == set(whole)
+
+    calls = []
+
+    class Recording(FedAvg):  # checks that local training sees only the 70 %
+        name = "fedavg_test_local"
+
+        def local_update(self, task, data, ctx):
+            calls.append(len(data))
+            return super().local_update(task, data, ctx)
+
+    METHODS[Recording.name] = Recording
+    try:
+        res = run_experiment(cfg.replace(method=Recording.name), tmp_path / "loc", cache=False)
+    finally:
+        del METHODS[Recording.name]
+    assert set(calls) <= {len(t) for t in train}
+    # the recorded local accuracy is the unweighted mean over clients of the final model's local accuracies
+    dataset, _, _ = prepare_data(cfg)
+    from subfl.experiments.runner import ModelFactory
+    model = ModelFactory(cfg, dataset)()
+    model.load_state_dict(res.state()["weights"])
+    per_client = [evaluate(model, dataset.train.subset(idx))["accuracy"] for idx in local]
+    assert res.final("local_accuracy") == pytest.approx(sum(per_client) / len(per_client), abs=1e-12)
+    assert "evaluate_local" in set(res.timings.stage)
+    with pytest.raises(ValueError, match="local_test_fraction"):
+        _cfg(local_test_fraction=1.0)
+
+
+def test_a_model_listed_under_two_groups_is_evaluated_once(monkeypatch):
+    from subfl.fl import engine
+    from subfl.fl.engine import EngineSettings, _evaluate_models
+
+    seen = []
+    monkeypatch.setattr(engine, "evaluate", lambda model, data, **kw: seen.append(id(model)) or {"accuracy": 0.5})
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    out = _evaluate_models({"1.0": a, "global": a, "0.5": b}, None, EngineSettings(rounds=1, clients_per_round=1),
+                           "classification")
+    assert sorted(seen) == sorted([id(a), id(b)])
+    assert out == {("accuracy", "1.0"): 0.5, ("accuracy", "global"): 0.5, ("accuracy", "0.5"): 0.5}

@@ -176,3 +176,29 @@ class FederatedDataset:
     @property
     def in_channels(self) -> int:
         return int(self.input_shape[0]) if len(self.input_shape) == 3 else 1
+
+
+def token_windows(text: torch.Tensor, starts: np.ndarray, seq_len: int,
+                  groups: np.ndarray | None = None) -> ArrayData:
+    """Next-token samples over one encoded ``text``: inputs ``text[s : s + seq_len]`` (lazy
+    :class:`TokenWindows`), targets ``text[s + seq_len]``, for every start ``s`` in ``starts``."""
+    starts_t = torch.from_numpy(np.asarray(starts, dtype=np.int64))
+    return ArrayData(TokenWindows(text, starts_t, seq_len), text[starts_t + seq_len], groups)
+
+
+def per_user_windows(text: torch.Tensor, lengths: np.ndarray, seq_len: int, stride: int,
+                     train_fraction: float = 0.9) -> dict[str, ArrayData]:
+    """Train/test next-token windows over users' texts concatenated in ``text`` (user ``u`` owns the next
+    ``lengths[u]`` tokens): per user, windows start every ``stride`` tokens and never cross into the next user;
+    the first ``max(1, int(train_fraction · n))`` go to ``"train"``, the rest to ``"test"``; ``groups`` = user."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    parts: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {"train": ([], []), "test": ([], [])}
+    for index, (offset, length) in enumerate(zip(offsets, lengths)):
+        starts = offset + np.arange(0, length - seq_len, stride, dtype=np.int64)
+        cut = max(1, int(train_fraction * len(starts)))
+        for split, chosen in (("train", starts[:cut]), ("test", starts[cut:])):
+            parts[split][0].append(chosen)
+            parts[split][1].append(np.full(len(chosen), index, dtype=np.int64))
+    return {split: token_windows(text, np.concatenate(s), seq_len, np.concatenate(g))
+            for split, (s, g) in parts.items()}

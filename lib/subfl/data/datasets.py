@@ -27,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .base import ArrayData, FederatedDataset, TokenWindows
+from .base import ArrayData, FederatedDataset, per_user_windows, token_windows
 from .manifest import manifest_entry, require_file, resolve_data_root, verify_file
 
 DATASETS: tuple[str, ...] = ("fmnist", "cifar10", "femnist", "shakespeare", "tinyshakespeare", "imdb",
@@ -411,12 +411,6 @@ def _split_by_position(num_tokens: int, seq_len: int, stride: int) -> tuple[np.n
     return train, test
 
 
-def _windows(text: torch.Tensor, starts: np.ndarray, seq_len: int,
-             groups: np.ndarray | None = None) -> ArrayData:
-    starts_t = torch.from_numpy(starts)
-    return ArrayData(TokenWindows(text, starts_t, seq_len), text[starts_t + seq_len], groups)
-
-
 def _load_text_windows(name: str, root: Path, download: bool, verify: bool, *, seq_len: int,
                        stride: int) -> FederatedDataset:
     """Char-level next-token windows over one corpus, first 90 % train / last 10 % test by position."""
@@ -431,7 +425,7 @@ def _load_text_windows(name: str, root: Path, download: bool, verify: bool, *, s
                 "english_corpus": "public-domain English corpus (NLTK Gutenberg + inaugural + "
                                   "State of the Union; stand-in for OpenWebText)"}[name]
     return FederatedDataset(
-        name=name, train=_windows(text, train_starts, seq_len), test=_windows(text, test_starts, seq_len),
+        name=name, train=token_windows(text, train_starts, seq_len), test=token_windows(text, test_starts, seq_len),
         num_classes=len(chars), input_shape=(seq_len,), task="next_token", class_names=chars,
         vocab_size=len(chars),
         notes=f"{describe}: {len(text):,} characters, vocabulary = the {len(chars)} distinct characters "
@@ -489,16 +483,7 @@ def _load_shakespeare(root: Path, download: bool, verify: bool, *, seq_len: int,
     vocab = _char_vocab(corpus)
     text = torch.from_numpy(_encode_chars(corpus, vocab))
     lengths = np.array([len(t) for t in texts], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    parts: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {"train": ([], []), "test": ([], [])}
-    for index, (offset, length) in enumerate(zip(offsets, lengths)):
-        starts = offset + np.arange(0, length - seq_len, stride, dtype=np.int64)
-        cut = max(1, int(0.9 * len(starts)))
-        for split, chosen in (("train", starts[:cut]), ("test", starts[cut:])):
-            parts[split][0].append(chosen)
-            parts[split][1].append(np.full(len(chosen), index, dtype=np.int64))
-    data = {split: _windows(text, np.concatenate(s), seq_len, np.concatenate(g))
-            for split, (s, g) in parts.items()}
+    data = per_user_windows(text, lengths, seq_len, stride)
     chars = _vocab_chars(vocab)
     windows = len(data["train"]) + len(data["test"])
     return FederatedDataset(

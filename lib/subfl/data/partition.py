@@ -311,6 +311,26 @@ def natural(groups: Any, max_clients: int | None = None) -> list[np.ndarray]:
     return _sorted_parts([order[s:e] for s, e in zip(starts, ends)])
 
 
+def local_test_split(parts: list[np.ndarray], fraction: float, rng: np.random.Generator,
+                     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Hold out ``fraction`` of every client's samples as its local test set (FedP3 §5: a 70/30 split is
+    ``fraction=0.3``): ``(train_parts, test_parts)``, both sorted.
+
+    A client with ``n`` samples keeps ``round(n · fraction)`` for testing, at most ``n − 1`` (it always keeps
+    one training sample); the held-out samples are drawn uniformly without replacement from ``rng``.
+    """
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction < 1.0:
+        raise ValueError(f"fraction must be a number in [0, 1), got {fraction!r}")
+    train, test = [], []
+    for idx in parts:
+        idx = np.asarray(idx, dtype=np.int64)
+        n_test = min(int(round(len(idx) * fraction)), max(0, len(idx) - 1))
+        perm = rng.permutation(len(idx))
+        test.append(np.sort(idx[perm[:n_test]]))
+        train.append(np.sort(idx[perm[n_test:]]))
+    return train, test
+
+
 def make_partition(name: str, labels: Any, num_clients: int, rng: np.random.Generator, *,
                    alpha: float | None = None, k: int | None = None, groups: Any = None,
                    coarse_labels: Any = None, beta: float | None = None,

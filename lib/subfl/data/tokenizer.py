@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .base import ArrayData, FederatedDataset, TokenWindows
+from .base import FederatedDataset, per_user_windows, token_windows
 from .datasets import TEXT_CORPORA, load_text
 from .manifest import manifest_entry, require_file, resolve_data_root, verify_file
 
@@ -215,11 +215,6 @@ def encoded_corpus(tokenizer: Tokenizer, name: str = "english_corpus",
     return ids
 
 
-def _windows(text: torch.Tensor, starts: np.ndarray, seq_len: int, groups: np.ndarray | None = None) -> ArrayData:
-    starts_t = torch.from_numpy(np.asarray(starts, dtype=np.int64))
-    return ArrayData(TokenWindows(text, starts_t, seq_len), text[starts_t + seq_len], groups)
-
-
 def _vocab_names(tokenizer: Tokenizer) -> tuple[str, ...]:
     return tuple(tokenizer.processor.id_to_piece(i) for i in range(tokenizer.vocab_size))
 
@@ -238,7 +233,7 @@ def english_corpus_tokens(tokenizer: Tokenizer, seq_len: int = 256, stride: int 
     train = np.arange(0, cut - seq_len, stride, dtype=np.int64)
     test = np.arange(cut, len(ids) - seq_len, stride, dtype=np.int64)
     return FederatedDataset(
-        name="english_corpus_tokens", train=_windows(text, train, seq_len), test=_windows(text, test, seq_len),
+        name="english_corpus_tokens", train=token_windows(text, train, seq_len), test=token_windows(text, test, seq_len),
         num_classes=tokenizer.vocab_size, input_shape=(seq_len,), task="next_token",
         class_names=_vocab_names(tokenizer), vocab_size=tokenizer.vocab_size,
         notes=f"Public-domain English corpus (stand-in for OpenWebText) as {len(ids):,} SentencePiece tokens "
@@ -288,15 +283,7 @@ def shakespeare_tokens(tokenizer: Tokenizer, seq_len: int = 256, stride: int = 1
         raise ValueError(f"no role has {needed} tokens; accepted: a smaller seq_len / min_tokens")
     text = torch.from_numpy(np.concatenate(encoded))
     lengths = np.array([len(e) for e in encoded], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    parts: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {"train": ([], []), "test": ([], [])}
-    for index, (offset, length) in enumerate(zip(offsets, lengths)):
-        starts = offset + np.arange(0, length - seq_len, stride, dtype=np.int64)
-        cut = max(1, int(0.9 * len(starts)))
-        for split, chosen in (("train", starts[:cut]), ("test", starts[cut:])):
-            parts[split][0].append(chosen)
-            parts[split][1].append(np.full(len(chosen), index, dtype=np.int64))
-    data = {split: _windows(text, np.concatenate(s), seq_len, np.concatenate(g)) for split, (s, g) in parts.items()}
+    data = per_user_windows(text, lengths, seq_len, stride)
     return FederatedDataset(
         name="shakespeare_tokens", train=data["train"], test=data["test"], num_classes=tokenizer.vocab_size,
         input_shape=(seq_len,), task="next_token", class_names=_vocab_names(tokenizer),

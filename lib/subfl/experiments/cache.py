@@ -3,8 +3,10 @@
 A cached run is keyed by hash(config, fingerprint of the source files the run imports): re-running a
 notebook whose experiments did not change is instant, and a change to any file a run depends on makes its
 old results stale (they are recomputed, never silently reused). Dependencies are found by following the
-``import`` statements of the package's modules (the method registry ``subfl.methods`` is not followed, so
-adding a method does not invalidate other methods' results).
+``import`` statements of the package's modules. The two registries — the method registry ``subfl.methods`` and
+the model table ``subfl.models.names`` — are not followed: a run names its method's and its model's module
+itself (:func:`~subfl.experiments.runner.run_code_fingerprint`), so adding a method or a model does not
+invalidate other results.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import subfl
 PACKAGE_DIR = Path(subfl.__file__).resolve().parent
 # Files that cannot change a result: the command line, the book builder, the cache itself.
 _NOT_COMPUTATIONAL = {"cli.py", "book.py", "experiments/cache.py"}
-_REGISTRIES = {"subfl.methods"}
+_REGISTRIES = {"subfl.methods", "subfl.models.names"}
 
 
 def _module_file(module: str) -> Path | None:
@@ -58,8 +60,8 @@ def _imports(module: str, path: Path) -> set[str]:
 def dependency_files(modules: Iterable[str]) -> list[Path]:
     """The source files of ``modules`` and of every subfl module they import, transitively.
 
-    Parent packages' ``__init__`` files are included (they run on import); the method registry is not
-    followed (its members are reached only when named).
+    Parent packages' ``__init__`` files are included (they run on import); the registries (``subfl.methods``,
+    ``subfl.models.names``) are not followed (their members are reached only when named).
     """
     seen: set[str] = set()
     files: set[Path] = set()

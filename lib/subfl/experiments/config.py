@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..fl.profiles import Heterogeneity, parse_heterogeneity
@@ -48,6 +48,7 @@ class ExperimentConfig:
     eval_every: int = 1
     max_train_samples: int | None = None
     max_test_samples: int | None = None
+    local_test_fraction: float = 0.0
     seed: int = 0
     scale: str = "cpu"
     device: str = "cpu"
@@ -145,6 +146,10 @@ def validate_config(cfg: ExperimentConfig) -> None:
         value = getattr(cfg, name)
         if value is not None and value < 1:
             raise bad(name, "a positive integer or None")
+    if isinstance(cfg.local_test_fraction, bool) or not isinstance(cfg.local_test_fraction, (int, float)) \
+            or not 0.0 <= cfg.local_test_fraction < 1.0:
+        raise bad("local_test_fraction", "a number in [0, 1): the share of each client's data held out as its "
+                                         "local test set (0: none)")
     if cfg.seed < 0:
         raise bad("seed", "a non-negative integer")
     try:

@@ -21,14 +21,14 @@ import torch
 
 import subfl
 
-from ..data import load_dataset, make_partition
+from ..data import load_dataset, local_test_split, make_partition
 from ..data.base import ArrayData, FederatedDataset
 from ..fl.engine import CHECKPOINT_NAME, EngineSettings, dump_json, run_simulation, write_timings
 from ..fl.history import read_history
 from ..fl.rng import numpy_rng, seed_sequence
 from ..methods import make_method
 from ..methods.base import ServerContext
-from ..models import build_model
+from ..models import build_model, model_spec
 from .cache import cache_root, code_fingerprint
 from .config import ExperimentConfig
 
@@ -46,7 +46,7 @@ class ModelFactory:
         self.name = config.model
         self.kwargs = dict(num_classes=dataset.num_classes, input_shape=dataset.input_shape, norm=config.norm,
                            **dict(config.model_options))
-        if dataset.vocab_size is not None:
+        if dataset.vocab_size is not None and "vocab_size" in model_spec(config.model).options:
             self.kwargs.setdefault("vocab_size", dataset.vocab_size)
         self.width = config.width
         self.seed = config.seed
@@ -70,16 +70,25 @@ def prepare_data(config: ExperimentConfig, data_root: str | Path | None = None,
     """Load the dataset, apply the scale's sample caps and partition the training set into clients.
 
     The test subset is drawn with a seed-independent generator so that every seed of an experiment is
-    scored on the same test samples.
+    scored on the same test samples. With ``local_test_fraction > 0`` the partition's index arrays still hold
+    every sample of a client; :func:`client_splits` separates the local test sets.
     """
     dataset = load_dataset(config.dataset, data_root, **dict(config.dataset_options))
     train = _subset(dataset.train, config.max_train_samples, numpy_rng(config.seed, "train-subset"))
     test = _subset(dataset.test, config.max_test_samples, numpy_rng(0, "test-subset"))
     dataset = FederatedDataset(**{**dataset.__dict__, "train": train})
-    parts = make_partition(config.partition, train.labels if dataset.task == "classification" else train.labels,
-                           config.num_clients, numpy_rng(config.seed, "partition"), alpha=config.alpha,
-                           k=config.classes_per_client, groups=train.groups)
+    parts = make_partition(config.partition, train.labels, config.num_clients, numpy_rng(config.seed, "partition"),
+                           alpha=config.alpha, k=config.classes_per_client, groups=train.groups)
     return dataset, test, parts
+
+
+def client_splits(config: ExperimentConfig, parts: list[np.ndarray],
+                  ) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """``(train_parts, local_test_parts)``: each client's ``local_test_fraction`` held out as its local test set
+    (``None`` when the fraction is 0), drawn from a generator of (seed, "local-test")."""
+    if not config.local_test_fraction:
+        return parts, None
+    return local_test_split(parts, config.local_test_fraction, numpy_rng(config.seed, "local-test"))
 
 
 @dataclass
@@ -126,10 +135,13 @@ class RunResult:
 
 
 def run_code_fingerprint(config: ExperimentConfig) -> str:
-    """Fingerprint of the source files a run of ``config`` executes (runner, engine, data, models, method)."""
+    """Fingerprint of the source files a run of ``config`` executes — runner, engine, data, the method's module and
+    the model's module, with everything they import — and of the model's entry in the model table."""
     from ..methods import METHODS
 
-    return code_fingerprint(("subfl.experiments.runner", METHODS[config.method].__module__))
+    spec = model_spec(config.model)
+    files = code_fingerprint(("subfl.experiments.runner", METHODS[config.method].__module__, spec.module))
+    return hashlib.sha256((files + repr(spec)).encode()).hexdigest()
 
 
 def run_key(config: ExperimentConfig) -> str:
@@ -189,6 +201,7 @@ def run_experiment(config: ExperimentConfig, out_dir: str | Path | None = None, 
         return RunResult(config, target, from_cache=True)
     target.mkdir(parents=True, exist_ok=True)
     dataset, test, parts = prepare_data(config, data_root)
+    parts, local_tests = client_splits(config, parts)
     method = make_method(config.method, **dict(config.method_options))
     ctx = ServerContext(model_fn=ModelFactory(config, dataset), training=config.training, rounds=config.rounds,
                         seed=config.seed, num_classes=dataset.num_classes, input_shape=dataset.input_shape,
@@ -198,7 +211,7 @@ def run_experiment(config: ExperimentConfig, out_dir: str | Path | None = None, 
                               eval_every=config.eval_every, seed=config.seed, device=config.device)
     result = run_simulation(method, dataset, parts, config.heterogeneity_setting, ctx, settings, test_data=test,
                             out_dir=target, fingerprint=key, progress=progress, stop_after_round=stop_after_round,
-                            description=config.label())
+                            description=config.label(), client_test_indices=local_tests)
     if result.rounds_completed < config.rounds and result.diverged_at is None:
         return RunResult(config, target)
     result.history.write_csv(target / "history.csv")

@@ -103,7 +103,8 @@ def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Se
                    heterogeneity: Heterogeneity, ctx: ServerContext, settings: EngineSettings, *,
                    test_data=None, out_dir: str | Path | None = None, fingerprint: str = "",
                    progress: bool | None = None, stop_after_round: int | None = None,
-                   description: str = "") -> SimulationResult:
+                   description: str = "", client_test_indices: Sequence[np.ndarray] | None = None,
+                   ) -> SimulationResult:
     """Run ``method`` for ``settings.rounds`` rounds over the clients' index sets of ``dataset.train``.
 
     With ``out_dir`` the state is checkpointed every ``checkpoint_every`` rounds; started again with the same
@@ -111,6 +112,13 @@ def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Se
     A round in which a client's training loss is not finite ends the run: the history gets a ``diverged``
     row for that round, nothing is aggregated or evaluated, and ``diverged_at`` is set.
     ``stop_after_round`` ends the call early after that round (as an interruption would).
+
+    Evaluation: every model of ``method.evaluation_models`` on ``test_data`` (a model returned under several
+    group names is evaluated once). With ``client_test_indices`` (one index array into ``dataset.train`` per
+    client: its held-out local test set) each group's model is also scored on every client's local test set and
+    the history gets ``local_<metric>`` rows: the unweighted mean over clients of their local values (the
+    personalised evaluation of FedP3 §5). A method with a ``personalized_models(state, ctx, client)`` hook
+    gives each client its own models for this; by default every client is scored with the global models.
     """
     num_clients = len(client_indices)
     if num_clients < 1:
@@ -118,6 +126,11 @@ def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Se
     select_clients(num_clients, settings.clients_per_round, settings.seed, 1)  # validates sizes
     test_data = dataset.test if test_data is None else test_data
     clients = [ClientDataset(dataset.train, idx) for idx in client_indices]
+    if client_test_indices is not None and len(client_test_indices) != num_clients:
+        raise ValueError(f"client_test_indices must hold one index array per client ({num_clients}), "
+                         f"got {len(client_test_indices)}")
+    local_tests = (None if client_test_indices is None else
+                   [dataset.train.subset(idx) if len(idx) else None for idx in client_test_indices])
     history, ledger, timings = History(), Ledger(), []
     start_round, elapsed_before, diverged_at = 0, 0.0, None
     checkpoint = Path(out_dir) / CHECKPOINT_NAME if out_dir is not None else None
@@ -164,7 +177,6 @@ def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Se
         diverged = any(not math.isfinite(float(u.stats.get("loss", 0.0))) for u in updates)
         if diverged:  # the run is over: record it and stop, rather than average NaNs for the remaining rounds
             history.add(rnd, "diverged", 1.0)
-            timings.append((rnd, "aggregate", 0.0))
             last = diverged_at = rnd
             bar.set_postfix(diverged=f"round {rnd}")
         elif updates:
@@ -179,12 +191,16 @@ def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Se
                 history.add(rnd, metric, value, group)
         if (rnd % settings.eval_every == 0 or rnd == settings.rounds) and not diverged:
             t0 = time.perf_counter()
-            for group, model in method.evaluation_models(state, ctx).items():
-                metrics = evaluate(model.to(settings.device), test_data, batch_size=settings.eval_batch_size,
-                                   device=settings.device, task=ctx.task)
-                for metric, value in metrics.items():
-                    history.add(rnd, metric, value, group)
+            models = method.evaluation_models(state, ctx)
+            for (metric, group), value in _evaluate_models(models, test_data, settings, ctx.task).items():
+                history.add(rnd, metric, value, group)
             timings.append((rnd, "evaluate", time.perf_counter() - t0))
+            if local_tests is not None:
+                t0 = time.perf_counter()
+                for (metric, group), value in _local_evaluation(method, state, ctx, models, local_tests,
+                                                                settings).items():
+                    history.add(rnd, f"local_{metric}", value, group)
+                timings.append((rnd, "evaluate_local", time.perf_counter() - t0))
             acc = history.last("accuracy")
             if not math.isnan(acc):
                 bar.set_postfix(acc=f"{acc:.3f}")
@@ -198,6 +214,37 @@ def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Se
     bar.close()
     return SimulationResult(history, ledger, timings, state, last, elapsed_before + time.perf_counter() - t_start,
                             resumed_from=start_round, diverged_at=diverged_at)
+
+
+def _evaluate_models(models: dict[str, torch.nn.Module], data, settings: EngineSettings,
+                     task: str) -> dict[tuple[str, str], float]:
+    """``{(metric, group): value}`` of every model on ``data``; a model object listed under several groups (e.g.
+    FLANC's full-width model, also its ``global`` model) is evaluated once."""
+    done: dict[int, dict[str, float]] = {}
+    out: dict[tuple[str, str], float] = {}
+    for group, model in models.items():
+        if id(model) not in done:
+            done[id(model)] = evaluate(model.to(settings.device), data, batch_size=settings.eval_batch_size,
+                                       device=settings.device, task=task)
+        out.update({(metric, group): value for metric, value in done[id(model)].items()})
+    return out
+
+
+def _local_evaluation(method: Method, state: ServerState, ctx: ServerContext, models: dict[str, torch.nn.Module],
+                      local_tests: Sequence[Any], settings: EngineSettings) -> dict[tuple[str, str], float]:
+    """Mean over clients (each counted once, clients without local test data skipped) of every group's metrics
+    on the client's local test set; per-client models from ``method.personalized_models`` when it has one."""
+    personalized = getattr(method, "personalized_models", None)
+    sums: dict[tuple[str, str], float] = {}
+    count = 0
+    for cid, data in enumerate(local_tests):
+        if data is None:
+            continue
+        client_models = models if personalized is None else personalized(state, ctx, cid)
+        for key, value in _evaluate_models(client_models, data, settings, ctx.task).items():
+            sums[key] = sums.get(key, 0.0) + value
+        count += 1
+    return {key: total / count for key, total in sums.items()} if count else {}
 
 
 def write_timings(timings: Sequence[tuple[int, str, float]], path: str | Path) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..fl.rng import numpy_rng, torch_generator
+from ..fl.rng import numpy_rng
 from ..fl.training import ClientDataset, LocalTraining
 from ..fl.types import ClientProfile, Task, Update
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .norm import check_input_shape, check_norm, check_num_classes, check_width, make_norm, scaled_channels
+from .norm import check_image_model_args, make_norm, scaled_channels
 
 
 class FedAvgCNN(nn.Module):
@@ -33,12 +33,8 @@ class FedAvgCNN(nn.Module):
         self, num_classes: int, input_shape: tuple[int, ...] = (1, 28, 28), *, width: float = 1.0, norm: str = "none"
     ) -> None:
         super().__init__()
-        num_classes = check_num_classes(num_classes)
-        in_channels, height, width_px = check_input_shape(input_shape, rank=3)
-        width = check_width(width)
-        check_norm(norm)
-        if height < 4 or width_px < 4:
-            raise ValueError(f"input_shape must have height and width >= 4 (two 2x2 max-pools), got {input_shape!r}")
+        num_classes, (in_channels, height, width_px), width = check_image_model_args(
+            num_classes, input_shape, width, norm, min_size=4, why="two 2x2 max-pools")
         self.width = width
         self.norm = norm
         c1, c2, hidden = scaled_channels(32, width), scaled_channels(64, width), scaled_channels(512, width)

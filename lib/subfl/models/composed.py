@@ -56,7 +56,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .factorized import decomposable_layers
-from .norm import check_input_shape, check_norm, check_num_classes, check_width, make_norm, scaled_channels
+from .norm import check_image_model_args, make_norm, scaled_channels
 
 __all__ = [
     "BASIS",
@@ -499,12 +499,8 @@ class FlancCNN(nn.Module):
     def __init__(self, num_classes: int, input_shape: tuple[int, ...] = (1, 28, 28), *, width: float = 1.0,
                  norm: str = "none") -> None:
         super().__init__()
-        num_classes = check_num_classes(num_classes)
-        in_channels, height, width_px = check_input_shape(input_shape, rank=3)
-        width = check_width(width)
-        check_norm(norm)
-        if height < 4 or width_px < 4:
-            raise ValueError(f"input_shape must have height and width >= 4 (two 2x2 max-pools), got {input_shape!r}")
+        num_classes, (in_channels, height, width_px), width = check_image_model_args(
+            num_classes, input_shape, width, norm, min_size=4, why="two 2x2 max-pools")
         self.width, self.norm = width, norm
         c0, c1, c2 = scaled_channels(64, width), scaled_channels(128, width), scaled_channels(128, width)
         self.head = nn.Conv2d(in_channels, c0, kernel_size=3, padding=1, bias=True)

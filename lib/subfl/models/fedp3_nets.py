@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from .mlp import MLP
-from .norm import check_input_shape, check_norm, check_num_classes, check_width, make_norm, scaled_channels
+from .norm import check_image_model_args, make_norm, scaled_channels
 
 FEDP3_CNN_CHANNELS = 64
 FEDP3_HIDDEN = 1024
@@ -59,10 +59,8 @@ class FedP3CNN(nn.Module):
     def __init__(self, num_classes: int, input_shape: tuple[int, ...] = (3, 32, 32), *, width: float = 1.0,
                  norm: str = "none", padding: int = 0) -> None:
         super().__init__()
-        num_classes = check_num_classes(num_classes)
-        in_channels, height, width_px = check_input_shape(input_shape, rank=3)
-        width = check_width(width)
-        check_norm(norm)
+        num_classes, (in_channels, height, width_px), width = check_image_model_args(num_classes, input_shape, width,
+                                                                                   norm)
         if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
             raise ValueError(f"padding must be a non-negative int, got padding={padding!r}")
         h = _conv_pool_size(_conv_pool_size(height, padding), padding)

@@ -125,3 +125,17 @@ def check_num_classes(num_classes: int) -> int:
     if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive integer, got num_classes={num_classes!r}")
     return int(num_classes)
+
+
+def check_image_model_args(num_classes: int, input_shape: tuple[int, ...], width: float, norm: str, *,
+                           min_size: int = 1, why: str = "") -> tuple[int, tuple[int, int, int], float]:
+    """The common argument checks of the image models: ``(num_classes, (C, H, W), width)`` validated, ``norm``
+    checked; ``H`` and ``W`` must be at least ``min_size`` (``why`` says which layers need it)."""
+    num_classes = check_num_classes(num_classes)
+    channels, height, width_px = check_input_shape(input_shape, rank=3)
+    width = check_width(width)
+    check_norm(norm)
+    if height < min_size or width_px < min_size:
+        raise ValueError(f"input_shape must have height and width >= {min_size}{f' ({why})' if why else ''}, "
+                         f"got {input_shape!r}")
+    return num_classes, (channels, height, width_px), width

@@ -14,48 +14,21 @@ mlp         :class:`~subfl.models.mlp.MLP`         ``"none"``   ``hidden=(200, 2
 flanc_cnn   :class:`~subfl.models.composed.FlancCNN` ``"none"`` —
 fedp3_cnn   :class:`~subfl.models.fedp3_nets.FedP3CNN` ``"none"`` ``padding``
 fedp3_mlp   :class:`~subfl.models.fedp3_nets.FedP3MLP` ``"none"`` ``hidden``
+char_rnn    :class:`~subfl.models.char_rnn.CharLSTM` ``"none"`` —
+tiny_gpt    :func:`~subfl.models.transformers.tiny_gpt` ``"none"`` ``layers``, ``embed_dim``, ``heads`` …
+tiny_vit    :func:`~subfl.models.transformers.tiny_vit` ``"none"`` ``layers``, ``embed_dim``, ``patch_size`` …
 =========== ===================================== ============ =====================
+
+The table itself lives in :mod:`subfl.models.names`; a model's module is imported only when it is built.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from types import MappingProxyType
+import importlib
 
 from torch import nn
 
-from .cnn import FedAvgCNN
-from .composed import FlancCNN
-from .fedp3_nets import FedP3CNN, FedP3MLP
-from .mlp import MLP
+from .names import _SPECS, ModelSpec
 from .norm import check_norm
-from .resnet import ResNet18
-from .vgg import VGG11
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What :func:`build_model` knows about one model name."""
-
-    name: str
-    constructor: Callable[..., nn.Module]
-    default_norm: str
-    options: tuple[str, ...] = ()
-    description: str = ""
-
-
-_SPECS = MappingProxyType(
-    {
-        "resnet18": ModelSpec("resnet18", ResNet18, "bn", (), "CIFAR ResNet-18 (3x3 stem, no max-pool)"),
-        "vgg11": ModelSpec("vgg11", VGG11, "bn", (), "VGG-11 (config A), adaptive-pool head"),
-        "cnn": ModelSpec("cnn", FedAvgCNN, "none", (), "FedAvg CNN of McMahan et al. 2017"),
-        "mlp": ModelSpec("mlp", MLP, "none", ("hidden",), "MLP, FedAvg 2NN by default"),
-        "flanc_cnn": ModelSpec("flanc_cnn", FlancCNN, "none", (), "FLANC's Fashion-MNIST CNN (released code)"),
-        "fedp3_cnn": ModelSpec("fedp3_cnn", FedP3CNN, "none", ("padding",),
-                               "FedP3 Table 4 CNN: 2 conv 5x5 (64), 3 FC"),
-        "fedp3_mlp": ModelSpec("fedp3_mlp", FedP3MLP, "none", ("hidden",), "FedP3 EMNIST-L MLP 784-1024-1024-1024"),
-    }
-)
 
 MODELS: tuple[str, ...] = tuple(_SPECS)
 """Names accepted by :func:`build_model`."""
@@ -103,4 +76,6 @@ def build_model(
             f"option {unknown[0]!r}={options[unknown[0]]!r} is not accepted by model {name!r}; "
             f"accepted options: {accepted}"
         )
-    return spec.constructor(num_classes, input_shape, width=width, norm=norm, **options)
+    module, attribute = spec.constructor.split(":", 1)
+    constructor = getattr(importlib.import_module(module), attribute)
+    return constructor(num_classes, input_shape, width=width, norm=norm, **options)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .norm import check_input_shape, check_norm, check_num_classes, check_width, make_norm, scaled_channels
+from .norm import check_image_model_args, make_norm, scaled_channels
 
 RESNET_STAGE_WIDTHS: tuple[int, ...] = (64, 128, 256, 512)
 """Base channel counts of the four stages (and 64 for the stem), multiplied by ``width``."""
@@ -86,10 +86,7 @@ class CifarResNet(nn.Module):
         blocks: Sequence[int] = (2, 2, 2, 2),
     ) -> None:
         super().__init__()
-        num_classes = check_num_classes(num_classes)
-        in_channels = check_input_shape(input_shape, rank=3)[0]
-        width = check_width(width)
-        check_norm(norm)
+        num_classes, (in_channels, _, _), width = check_image_model_args(num_classes, input_shape, width, norm)
         blocks = tuple(blocks)
         if len(blocks) != len(RESNET_STAGE_WIDTHS) or any(not isinstance(b, int) or b < 1 for b in blocks):
             raise ValueError(f"blocks must be four positive ints (one per stage), got blocks={blocks!r}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .norm import check_input_shape, check_norm, check_num_classes, check_width, make_norm, scaled_channels
+from .norm import check_image_model_args, make_norm, scaled_channels
 
 VGG11_CONFIG: tuple[int | str, ...] = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 """Configuration "A": base channels of each 3×3 convolution, ``"M"`` for a 2×2 max-pool."""
@@ -57,10 +57,7 @@ class VGG11(nn.Module):
         self, num_classes: int, input_shape: tuple[int, ...] = (3, 32, 32), *, width: float = 1.0, norm: str = "bn"
     ) -> None:
         super().__init__()
-        num_classes = check_num_classes(num_classes)
-        in_channels = check_input_shape(input_shape, rank=3)[0]
-        width = check_width(width)
-        check_norm(norm)
+        num_classes, (in_channels, _, _), width = check_image_model_args(num_classes, input_shape, width, norm)
         self.width = width
         self.norm = norm
         self.features = make_vgg_features(VGG11_CONFIG, in_channels, width=width, norm=norm)
