@@ -34,6 +34,25 @@ def test_flanc_config_validates_and_applies_the_chapter_defaults():
     for bad in (dict(setting="half"), dict(partition="dirichlet"), dict(dataset="digits")):
         with pytest.raises(ValueError, match=next(iter(bad))):
             flanc_config("flanc", **bad)
+    shk = flanc_config("flanc", "static", "roles", dataset="shakespeare")
+    assert (shk.model, shk.width, shk.partition, shk.num_clients, shk.local_steps) == (
+        "char_rnn", 0.25, "natural", 100, 20)
+    assert dict(shk.dataset_options) == {"stride": 20, "max_users": 100}
+    with pytest.raises(ValueError, match="partition='iid' is not a split of 'shakespeare'"):
+        flanc_config("flanc", "static", "iid", dataset="shakespeare")
+    with pytest.raises(ValueError, match="partition='roles' is not a split of 'fmnist'"):
+        flanc_config("flanc", "static", "roles")
+
+
+def test_spectral_config_shares_chapter_ones_reference_setting():
+    from subfl.experiments.catalog import SPECTRAL_KEEP, fedavg_reference, spectral_config
+    ref = fedavg_reference("cifar10", "dirichlet", 0.1, seed=1)
+    assert spectral_config("fedavg", seed=1) == ref  # the FedAvg row is chapter 1's run
+    cfg = spectral_config("collective+cliplr", "mixed", seed=1, lr=0.005)
+    assert cfg.replace(method="fedavg", heterogeneity="1.0", lr=ref.lr) == ref
+    assert (cfg.heterogeneity, cfg.lr) == (SPECTRAL_KEEP["mixed"], 0.005) == ("0.2:0.6,0.4:0.4", 0.005)
+    with pytest.raises(ValueError, match="keep"):
+        spectral_config("topn", "r0.3")
 
 
 @pytest.fixture(scope="module")

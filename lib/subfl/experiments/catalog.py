@@ -36,8 +36,10 @@ FLANC_SETTINGS = {
 }
 """Heterogeneity spec of each capacity setting of the FLANC chapter."""
 
-FLANC_PARTITIONS = {"iid": dict(partition="iid"), "classes": dict(partition="k_classes", classes_per_client=3)}
-"""The FLANC chapter's data splits: iid and non-iid with 3 classes per client."""
+FLANC_PARTITIONS = {"iid": dict(partition="iid"), "classes": dict(partition="k_classes", classes_per_client=3),
+                    "roles": dict(partition="natural")}
+"""The FLANC chapter's data splits: iid and non-iid with 3 classes per client (images); one client per
+(play, role) for Shakespeare."""
 
 # On the 3-classes split at the cpu scale FLANC diverged in round 2 at lr 0.02 (a client's loss became NaN;
 # measured), so every method runs that split at lr 0.01 — the released FLANC code's learning rate.
@@ -51,8 +53,16 @@ FLANC_METHOD_DEFAULTS = {"heterofl": {"scaler": False}, "fedrolex": {"scaler": F
 
 # Fashion-MNIST at the cpu scale: FLANC's CNN at width 0.25 (the four sub-models have 4/8/8 … 16/32/32
 # channels); evaluation every 5 rounds (and at the last) because every width's model is evaluated.
+# Shakespeare at the cpu scale: the character LSTM at width 0.25 (hidden 64 at p = 1, 16 at p = 1/4), the first
+# 100 roles of the file with 80-character windows every 20 characters (20,332 train windows; 2,000 test windows
+# drawn from the roles' last 10 %), one client per role, 10 per round, at most 20 local steps of 32 windows.
+_SHAKESPEARE_CPU = dict(model="char_rnn", width=0.25, eval_every=5, num_clients=100, clients_per_round=10,
+                        rounds=30, local_epochs=1, local_steps=20, lr=0.5, momentum=0.0, max_test_samples=2000,
+                        dataset_options=dict(stride=20, max_users=100))
 _FLANC_CPU = {"fmnist": dict(model="flanc_cnn", width=0.25, eval_every=5),
-              "cifar10": dict(model="resnet18", width=0.25, eval_every=5)}
+              "cifar10": dict(model="resnet18", width=0.25, eval_every=5),
+              "shakespeare": _SHAKESPEARE_CPU}
+_FLANC_DATASET_SPLITS = {"fmnist": ("iid", "classes"), "cifar10": ("iid", "classes"), "shakespeare": ("roles",)}
 
 
 def flanc_config(method: str, setting: str = "static", partition: str = "iid", *, dataset: str = "fmnist",
@@ -61,15 +71,22 @@ def flanc_config(method: str, setting: str = "static", partition: str = "iid", *
     ``partition`` (:data:`FLANC_PARTITIONS`). ``method_options`` go to the method (e.g. ``ortho_lambda=0``;
     :data:`FLANC_METHOD_DEFAULTS` first, on the norm-free CNN).
 
-    Models: FLANC's CNN on Fashion-MNIST, ResNet-18 on CIFAR-10 (``paper`` scale: full width)."""
+    Models: FLANC's CNN on Fashion-MNIST, ResNet-18 on CIFAR-10, the character LSTM on Shakespeare (split
+    ``roles``: one client per role) (``paper`` scale: full width)."""
     if setting not in FLANC_SETTINGS:
         raise ValueError(f"setting={setting!r} is not valid; accepted: {', '.join(FLANC_SETTINGS)}")
     if partition not in FLANC_PARTITIONS:
         raise ValueError(f"partition={partition!r} is not valid; accepted: {', '.join(FLANC_PARTITIONS)}")
     if dataset not in _FLANC_CPU:
         raise ValueError(f"dataset={dataset!r} has no FLANC setting; accepted: {', '.join(_FLANC_CPU)}")
+    if partition not in _FLANC_DATASET_SPLITS[dataset]:
+        raise ValueError(f"partition={partition!r} is not a split of {dataset!r}; accepted: "
+                         f"{', '.join(_FLANC_DATASET_SPLITS[dataset])}")
     sizes = ({**_FLANC_CPU[dataset], **_FLANC_CPU_PARTITION.get(partition, {})} if scale == "cpu"
              else {"model": _FLANC_CPU[dataset]["model"]})  # the ci preset is already at width 0.25
+    if dataset == "shakespeare" and scale == "ci":
+        sizes.update(num_clients=4, max_train_samples=None, local_steps=3,
+                     dataset_options=dict(stride=80, max_users=4))
     options = {**(FLANC_METHOD_DEFAULTS.get(method, {}) if sizes["model"] == "flanc_cnn" else {}),
                **method_options}
     return make_config(method, dataset, scale=scale, seed=seed, heterogeneity=FLANC_SETTINGS[setting],
@@ -87,3 +104,36 @@ def flanc_runs(setting: str, partition: str = "iid", *, methods: Sequence[str] =
     return [r for m in methods for r in run_seeds(flanc_config(m, setting, partition, dataset=dataset, scale=scale,
                                                                **method_options), seeds, data_root=data_root)]
 
+
+
+# ---- Spectral sharding and PriSM chapters -------------------------------------------------------------------
+SPECTRAL_KEEP = {"r0.1": "0.1", "r0.2": "0.2", "mixed": "0.2:0.6,0.4:0.4", "r1": "1.0"}
+"""Keep-ratio settings of spectral sharding's Table 1 (homogeneous r = 0.1 / 0.2; 60 % of the clients at 0.2 and
+40 % at 0.4, PriSM's Table 3 mix; r = 1) as heterogeneity specs."""
+
+SPECTRAL_METHODS = ("fedavg", "origdrop", "topn", "prism", "prism+wallenius", "unbiased+cliplr",
+                    "collective+cliplr")
+"""Table 1's rows at the cpu scale: the full-model reference, PriSM's two baselines (OrigDrop; OrthDrop = topn),
+PriSM, PriSM + Wallenius, and spectral sharding's two optimal designs with the clipped learning rate."""
+
+# CIFAR-10 at the cpu scale: exactly the chapter-1 reference setting (the FedAvg CNN at full width, 20 clients of
+# 1 000 images, 10 per round, 2 local epochs, 40 rounds, SGD lr 0.02 with momentum 0.9, cosine schedule), so the
+# FedAvg row is chapter 1's run. At that lr the ω-scaled sub-models (unbiased, collective, PriSM + Wallenius)
+# diverge in round 1 (term i trains with an effective step ∝ ω_i² · lr, and ω_i ≈ 1/r here is below the
+# clipping threshold τ = 10); the chapter also runs them at :data:`SPECTRAL_LOW_LR`.
+SPECTRAL_LOW_LR = 0.005
+"""The second learning rate of the spectral training table (for the strategies that diverge at 0.02)."""
+
+
+def spectral_config(method: str, keep: str = "r0.2", partition: str = "dirichlet", alpha: float | None = 0.1, *,
+                    scale: str = "cpu", seed: int = 0, lr: float | None = None, **method_options) -> ExperimentConfig:
+    """One run of the spectral-sharding / PriSM training tables: ``method`` (e.g. one of :data:`SPECTRAL_METHODS`)
+    at keep-ratio setting ``keep`` (:data:`SPECTRAL_KEEP`; ``fedavg`` always trains the full model) on CIFAR-10,
+    in chapter 1's reference setting; ``lr`` replaces its learning rate."""
+    if keep not in SPECTRAL_KEEP:
+        raise ValueError(f"keep={keep!r} is not valid; accepted: {', '.join(SPECTRAL_KEEP)}")
+    base = fedavg_reference("cifar10", partition, alpha if partition != "iid" else None, scale=scale, seed=seed)
+    changes = {} if lr is None else {"lr": lr}
+    if method == "fedavg" and not method_options:
+        return base.replace(**changes)
+    return base.replace(method=method, heterogeneity=SPECTRAL_KEEP[keep], method_options=method_options, **changes)

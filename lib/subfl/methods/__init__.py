@@ -10,6 +10,7 @@ from .. import fl as _engine  # noqa: F401  (load the engine first: it imports m
 from .base import ClientContext, Method, ServerContext, ServerState
 from .fedavg import FedAvg
 from .width import FedRolex, FjORD, HeteroFL
+from .origdrop import OrigDrop
 from .spectral import SPECTRAL_METHODS
 from .flanc import FLANC
 from .fedp3 import FEDP3_METHODS
@@ -18,6 +19,7 @@ from .caff import CAFF
 METHODS: dict[str, type[Method]] = {
     FedAvg.name: FedAvg,
     HeteroFL.name: HeteroFL, FjORD.name: FjORD, FedRolex.name: FedRolex,
+    OrigDrop.name: OrigDrop,  # PriSM's original-space baseline (methods/origdrop.py)
     **SPECTRAL_METHODS,  # spectral, topn, prism, prism+scaled, unbiased, collective, ... (methods/spectral.py)
     FLANC.name: FLANC,
     **FEDP3_METHODS,  # fedp3, lowerb, opu2, opu3, opu123, opu23 (methods/fedp3.py)
