@@ -181,3 +181,25 @@ def test_a_model_listed_under_two_groups_is_evaluated_once(monkeypatch):
                            "classification")
     assert sorted(seen) == sorted([id(a), id(b)])
     assert out == {("accuracy", "1.0"): 0.5, ("accuracy", "global"): 0.5, ("accuracy", "0.5"): 0.5}
+
+
+def test_a_run_diverging_after_an_evaluated_round_still_gets_a_summary(tmp_path):
+    from subfl.methods import METHODS, FedAvg
+
+    class LateNaN(FedAvg):  # a finite first round, then a non-finite loss
+        name = "fedavg_test_late_nan"
+
+        def local_update(self, task, data, ctx):
+            update = super().local_update(task, data, ctx)
+            if task.config.get("round", 0) >= 2 or getattr(self, "_seen", 0) >= 3:
+                update.stats["loss"] = float("nan")
+            self._seen = getattr(self, "_seen", 0) + 1
+            return update
+
+    METHODS[LateNaN.name] = LateNaN
+    try:
+        res = run_experiment(_cfg(rounds=3).replace(method=LateNaN.name), tmp_path / "late", cache=False)
+    finally:
+        del METHODS[LateNaN.name]
+    assert res.summary["diverged_at_round"] == 2 and res.summary["final_accuracy"] is None
+    assert res.curve()["round"].tolist() == [1] and res.summary["torch_threads"] >= 1

@@ -137,3 +137,17 @@ def spectral_config(method: str, keep: str = "r0.2", partition: str = "dirichlet
     if method == "fedavg" and not method_options:
         return base.replace(**changes)
     return base.replace(method=method, heterogeneity=SPECTRAL_KEEP[keep], method_options=method_options, **changes)
+
+
+SPECTRAL_LOW_LR_METHODS = ("unbiased+cliplr", "collective+cliplr")
+"""The strategies the spectral training table also runs at :data:`SPECTRAL_LOW_LR`."""
+
+
+def spectral_runs(keep: str = "r0.2", *, seeds: Sequence[int] = (0, 1), scale: str = "cpu",
+                  methods: Sequence[str] = SPECTRAL_METHODS, low_lr_methods: Sequence[str] = SPECTRAL_LOW_LR_METHODS,
+                  data_root: str | Path | None = None) -> list[RunResult]:
+    """Every run of the spectral training table for one keep-ratio setting: ``methods`` at chapter 1's learning
+    rate and ``low_lr_methods`` at :data:`SPECTRAL_LOW_LR`, for every seed (run or read from the cache)."""
+    configs = [spectral_config(m, keep, scale=scale) for m in methods]
+    configs += [spectral_config(m, keep, scale=scale, lr=SPECTRAL_LOW_LR) for m in low_lr_methods]
+    return [r for cfg in configs for r in run_seeds(cfg, seeds, data_root=data_root)]

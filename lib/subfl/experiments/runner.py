@@ -156,8 +156,8 @@ def _summary(config: ExperimentConfig, result, dataset: FederatedDataset, parts:
     per_group = {f"{g}/{m}": v for g, m, v in zip(final.group, final.metric, final.value)}
     acc = hist[(hist.metric == "accuracy")]
     groups = sorted(set(acc.group))
-    final_acc = per_group.get("global/accuracy",
-                              float(np.mean([per_group[f"{g}/accuracy"] for g in groups])) if groups else None)
+    group_acc = [per_group[f"{g}/accuracy"] for g in groups if f"{g}/accuracy" in per_group]
+    final_acc = per_group.get("global/accuracy", float(np.mean(group_acc)) if group_acc else None)
     sizes = np.array([len(p) for p in parts])
     if result.diverged_at is not None:
         final_acc = None  # the model after divergence is not a result; the curve up to it stays in history.csv
@@ -168,6 +168,7 @@ def _summary(config: ExperimentConfig, result, dataset: FederatedDataset, parts:
         "final": per_group,
         "rounds": result.rounds_completed,
         "wall_time_s": result.wall_time_s,
+        "torch_threads": torch.get_num_threads(),  # results can differ in the last bits between thread counts
         "upload_bytes": result.ledger.total_bytes("up"),
         "download_bytes": result.ledger.total_bytes("down"),
         "resumed_from_round": result.resumed_from,
