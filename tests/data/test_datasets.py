@@ -16,7 +16,7 @@ import torch
 from subfl.data import (DATASETS, ArrayData, TokenWindows, balanced_subset, default_data_root, load_dataset,
                         load_manifest, load_text, manifest_entry, natural, require_file, sha256_file,
                         tokenize_review, verify_file)
-from subfl.data.datasets import FMNIST_DEBIAN_DIR, FMNIST_FILES
+from subfl.data.datasets import BUILTIN_DATASETS, FMNIST_DEBIAN_DIR, FMNIST_FILES
 
 DATA_ROOT = default_data_root()
 
@@ -59,7 +59,8 @@ def test_manifest_entries_are_complete() -> None:
         assert re.fullmatch(r"[0-9a-f]{64}", entry["sha256"])
         assert isinstance(entry["bytes"], int) and entry["bytes"] > 0
         assert entry["name"] in DATASETS
-    assert {e["name"] for e in manifest["files"]} == set(DATASETS) - {"digits"}
+    # external datasets (subfl.data.names) are derived from the files of built-in ones
+    assert {e["name"] for e in manifest["files"]} == set(BUILTIN_DATASETS) - {"digits"}
     assert [e["file"] for e in manifest["files"] if e["name"] == "fmnist"] == list(FMNIST_FILES.values())
     assert all(e["license"].startswith("MIT") for e in manifest["files"] if e["name"] == "fmnist")
 
@@ -120,8 +121,9 @@ def test_loader_shapes_and_dtypes(name, options, train_shape, test_shape, num_cl
 
 
 def test_datasets_tuple() -> None:
-    assert DATASETS == ("fmnist", "cifar10", "femnist", "shakespeare", "tinyshakespeare", "imdb",
-                        "english_corpus", "digits")
+    assert BUILTIN_DATASETS == ("fmnist", "cifar10", "femnist", "shakespeare", "tinyshakespeare", "imdb",
+                                "english_corpus", "digits")
+    assert DATASETS == BUILTIN_DATASETS + ("shakespeare_tokens", "cifar10_downstream")
 
 
 @pytest.mark.parametrize("name, mean_tol, std_tol", [("fmnist", 0.01, 0.01), ("cifar10", 0.05, 0.05),

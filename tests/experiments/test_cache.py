@@ -41,3 +41,17 @@ def test_fingerprints_are_stable_and_scoped():
     assert a == code_fingerprint(("subfl.methods.fedavg",))
     assert a != code_fingerprint(("subfl.experiments.runner", "subfl.methods.fedavg"))
     assert len(code_fingerprint()) == 64
+
+
+def test_external_datasets_are_keyed_by_their_own_loader_module():
+    from subfl.experiments import make_config
+    from subfl.experiments.runner import run_code_fingerprint
+
+    deps = _rel(dependency_files(("subfl.experiments.runner", "subfl.methods.fedavg")))
+    assert "data/names.py" not in deps and "data/tokenizer.py" not in deps
+    assert "experiments/pretraining.py" not in deps
+    builtin = make_config("fedavg", "digits", model="mlp", scale="ci")
+    external = builtin.replace(dataset="cifar10_downstream", model="cnn")
+    assert "experiments/pretraining.py" in _rel(dependency_files(
+        ("subfl.experiments.runner", "subfl.methods.fedavg", "subfl.experiments.pretraining")))
+    assert run_code_fingerprint(external) != run_code_fingerprint(external.replace(dataset="cifar10"))

@@ -49,3 +49,19 @@ def test_server_context_numbers_rounds_from_one():
     assert ctx.train_config(11)["lr"] == pytest.approx(0.0, abs=1e-12)  # last round: lr_min
     with pytest.raises(ValueError, match="round"):
         ctx.train_config(0)
+
+
+def test_default_loss_scores_every_position_of_a_causal_lm():
+    import torch
+    from torch.nn import functional as F
+
+    from subfl.fl.training import default_loss
+
+    torch.manual_seed(0)
+    x = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    y = torch.tensor([7, 8])
+    logits = torch.randn(2, 3, 9)
+    targets = torch.tensor([[2, 3, 7], [5, 6, 8]])  # inputs shifted by one, then the next token
+    assert torch.allclose(default_loss(logits, x, y), F.cross_entropy(logits.reshape(6, 9), targets.reshape(6)))
+    flat = torch.randn(2, 9)
+    assert torch.allclose(default_loss(flat, x, y), F.cross_entropy(flat, y))

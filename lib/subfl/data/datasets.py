@@ -14,6 +14,7 @@ window, indexed lazily, so 4.3 M windows of 80 characters take ~100 MB instead o
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
 import os
 import re
@@ -29,10 +30,14 @@ import torch
 
 from .base import ArrayData, FederatedDataset, per_user_windows, token_windows
 from .manifest import manifest_entry, require_file, resolve_data_root, verify_file
+from .names import EXTERNAL_DATASETS
 
-DATASETS: tuple[str, ...] = ("fmnist", "cifar10", "femnist", "shakespeare", "tinyshakespeare", "imdb",
-                             "english_corpus", "digits")
-"""Names accepted by :func:`load_dataset`."""
+BUILTIN_DATASETS: tuple[str, ...] = ("fmnist", "cifar10", "femnist", "shakespeare", "tinyshakespeare", "imdb",
+                                     "english_corpus", "digits")
+"""Datasets whose loaders are in this module."""
+
+DATASETS: tuple[str, ...] = BUILTIN_DATASETS + tuple(EXTERNAL_DATASETS)
+"""Names accepted by :func:`load_dataset`: the built-in ones and those of :mod:`subfl.data.names`."""
 
 TEXT_CORPORA: tuple[str, ...] = ("tinyshakespeare", "english_corpus")
 """Names accepted by :func:`load_text`."""
@@ -86,13 +91,15 @@ def load_dataset(name: str, data_root: str | os.PathLike | None = None, *, downl
     * ``shakespeare``: ``seq_len`` (80), ``min_chars`` (144), ``max_users`` (None), ``stride`` (1).
     * ``tinyshakespeare`` / ``english_corpus``: ``seq_len`` (80), ``stride`` (1).
     * ``imdb``: ``vocab_size`` (10000), ``max_len`` (256), ``max_train`` / ``max_test`` (None).
+    * the datasets of :mod:`subfl.data.names` (``shakespeare_tokens``, ``cifar10_downstream``): the options listed
+      there (``download`` does not apply to them).
 
     The result is memoised in-process on (name, data root, download, verify, options): do not modify its
     tensors in place (copy first); :func:`clear_dataset_cache` empties the memo.
     """
     if name not in DATASETS:
         raise ValueError(f"name must be one of {DATASETS}, got {name!r}")
-    accepted = _OPTIONS[name]
+    accepted = _OPTIONS[name] if name in _OPTIONS else EXTERNAL_DATASETS[name].options
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise TypeError(f"load_dataset({name!r}) got unknown option(s) {unknown}; accepted options for "
@@ -126,6 +133,9 @@ def clear_dataset_cache() -> None:
 @lru_cache(maxsize=4)
 def _load_cached(name: str, root: str, download: bool, verify: bool,
                  options: tuple[tuple[str, Any], ...]) -> FederatedDataset:
+    if name in EXTERNAL_DATASETS:  # resolved by path: see subfl.data.names
+        module, function = EXTERNAL_DATASETS[name].loader.split(":", 1)
+        return getattr(importlib.import_module(module), function)(Path(root), verify, **dict(options))
     loader: Callable[..., FederatedDataset] = _LOADERS[name]
     return loader(Path(root), download, verify, **dict(options))
 

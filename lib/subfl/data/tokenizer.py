@@ -258,7 +258,8 @@ def shakespeare_roles(data_root: str | os.PathLike | None = None, verify: bool =
 
 
 def shakespeare_tokens(tokenizer: Tokenizer, seq_len: int = 256, stride: int = 1, min_tokens: int | None = None,
-                       max_users: int | None = None, data_root: str | os.PathLike | None = None) -> FederatedDataset:
+                       max_users: int | None = None, data_root: str | os.PathLike | None = None,
+                       verify: bool = True) -> FederatedDataset:
     """Finetuning data: LEAF-style Shakespeare by (play, role), tokenized; ``groups`` = role index.
 
     A role is kept when it has at least ``max(min_tokens, seq_len + stride + 1)`` tokens (two windows);
@@ -269,7 +270,7 @@ def shakespeare_tokens(tokenizer: Tokenizer, seq_len: int = 256, stride: int = 1
     _check_int("stride", stride, 1)
     _check_int("min_tokens", min_tokens, 1, allow_none=True)
     _check_int("max_users", max_users, 1, allow_none=True)
-    users, texts = shakespeare_roles(data_root)
+    users, texts = shakespeare_roles(data_root, verify)
     needed = max(seq_len + stride + 1, min_tokens or 0)
     kept_users, encoded = [], []
     for user, text in zip(users, texts):
@@ -297,3 +298,16 @@ def shakespeare_tokens(tokenizer: Tokenizer, seq_len: int = 256, stride: int = 1
 
 __all__ = ["MODEL_TYPES", "Tokenizer", "TokenizerConfig", "encoded_corpus", "english_corpus_tokens",
            "shakespeare_roles", "shakespeare_tokens", "tokenizer_key", "train_tokenizer"]
+
+
+def load_shakespeare_tokens(data_root: str | os.PathLike | None = None, verify: bool = True, *,
+                            vocab_size: int = 2048, tokenizer_max_chars: int | None = None, seq_len: int = 256,
+                            stride: int = 1, min_tokens: int | None = None,
+                            max_users: int | None = None) -> FederatedDataset:
+    """The ``shakespeare_tokens`` dataset (:mod:`subfl.data.names`, ``load_dataset("shakespeare_tokens")``):
+    :func:`shakespeare_tokens` with the English-corpus tokenizer ``TokenizerConfig(vocab_size,
+    max_chars=tokenizer_max_chars)`` — the one a pretrained language model of the same ``vocab_size`` /
+    ``tokenizer_max_chars`` was trained with (:meth:`subfl.experiments.pretraining.PretrainConfig.tokenizer_config`),
+    which finetuning must reuse."""
+    tokenizer = train_tokenizer(TokenizerConfig(vocab_size=vocab_size, max_chars=tokenizer_max_chars), data_root)
+    return shakespeare_tokens(tokenizer, seq_len, stride, min_tokens, max_users, data_root, verify)

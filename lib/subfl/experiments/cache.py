@@ -3,9 +3,10 @@
 A cached run is keyed by hash(config, fingerprint of the source files the run imports): re-running a
 notebook whose experiments did not change is instant, and a change to any file a run depends on makes its
 old results stale (they are recomputed, never silently reused). Dependencies are found by following the
-``import`` statements of the package's modules. The two registries — the method registry ``subfl.methods`` and
-the model table ``subfl.models.names`` — are not followed: a run names its method's and its model's module
-itself (:func:`~subfl.experiments.runner.run_code_fingerprint`), so adding a method or a model does not
+``import`` statements of the package's modules. The registries — the method registry ``subfl.methods``, the
+model table ``subfl.models.names`` and the external-dataset table ``subfl.data.names`` — are not followed: a run
+names its method's, its model's and (for an external dataset) its loader's module itself
+(:func:`~subfl.experiments.runner.run_code_fingerprint`), so adding a method, a model or a dataset does not
 invalidate other results.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ import subfl
 PACKAGE_DIR = Path(subfl.__file__).resolve().parent
 # Files that cannot change a result: the command line, the book builder, the cache itself.
 _NOT_COMPUTATIONAL = {"cli.py", "book.py", "experiments/cache.py"}
-_REGISTRIES = {"subfl.methods", "subfl.models.names"}
+_REGISTRIES = {"subfl.methods", "subfl.models.names", "subfl.data.names"}
 
 
 def _module_file(module: str) -> Path | None:
@@ -61,7 +62,7 @@ def dependency_files(modules: Iterable[str]) -> list[Path]:
     """The source files of ``modules`` and of every subfl module they import, transitively.
 
     Parent packages' ``__init__`` files are included (they run on import); the registries (``subfl.methods``,
-    ``subfl.models.names``) are not followed (their members are reached only when named).
+    ``subfl.models.names``, ``subfl.data.names``) are not followed (their members are reached only when named).
     """
     seen: set[str] = set()
     files: set[Path] = set()

@@ -230,6 +230,15 @@ def cifar10_classes(classes: Sequence[int] = DOWNSTREAM_CLASSES, data_root: str 
         extra=dict(full.extra))
 
 
+def load_cifar10_downstream(data_root: str | os.PathLike | None = None, verify: bool = True, *,
+                            max_train: int | None = None, max_test: int | None = None) -> FederatedDataset:
+    """The ``cifar10_downstream`` dataset (:mod:`subfl.data.names`, ``load_dataset("cifar10_downstream")``):
+    :func:`cifar10_classes` of :data:`DOWNSTREAM_CLASSES`, the classes the ViTs were not pretrained on."""
+    if not verify:
+        raise ValueError("verify=False is not accepted by cifar10_downstream (its CIFAR-10 file is always checked)")
+    return cifar10_classes(DOWNSTREAM_CLASSES, data_root, max_train=max_train, max_test=max_test)
+
+
 def _augment(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Random 4-pixel-padded crop and horizontal flip of a batch (one draw per image)."""
     b, _, h, w = images.shape

@@ -23,6 +23,7 @@ import subfl
 
 from ..data import load_dataset, local_test_split, make_partition
 from ..data.base import ArrayData, FederatedDataset
+from ..data.names import EXTERNAL_DATASETS
 from ..fl.engine import CHECKPOINT_NAME, EngineSettings, dump_json, run_simulation, write_timings
 from ..fl.history import read_history
 from ..fl.rng import numpy_rng, seed_sequence
@@ -135,13 +136,18 @@ class RunResult:
 
 
 def run_code_fingerprint(config: ExperimentConfig) -> str:
-    """Fingerprint of the source files a run of ``config`` executes — runner, engine, data, the method's module and
-    the model's module, with everything they import — and of the model's entry in the model table."""
+    """Fingerprint of the source files a run of ``config`` executes — runner, engine, data, the method's module, the
+    model's module and an external dataset's loader module, with everything they import — and of the model's (and
+    external dataset's) table entry."""
     from ..methods import METHODS
 
     spec = model_spec(config.model)
-    files = code_fingerprint(("subfl.experiments.runner", METHODS[config.method].__module__, spec.module))
-    return hashlib.sha256((files + repr(spec)).encode()).hexdigest()
+    modules = ["subfl.experiments.runner", METHODS[config.method].__module__, spec.module]
+    entries = repr(spec)
+    if config.dataset in EXTERNAL_DATASETS:
+        modules.append(EXTERNAL_DATASETS[config.dataset].module)
+        entries += repr(EXTERNAL_DATASETS[config.dataset])
+    return hashlib.sha256((code_fingerprint(tuple(modules)) + entries).encode()).hexdigest()
 
 
 def run_key(config: ExperimentConfig) -> str:

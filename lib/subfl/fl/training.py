@@ -127,13 +127,24 @@ class ClientDataset:
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def default_loss(output: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy: of class logits ``(B, C)`` against ``y``; of a causal language model's ``(B, T, V)``
+    logits over all ``B·T`` positions, where position ``i`` predicts ``x[:, i + 1]`` and the last predicts ``y``
+    (the next-token datasets give a window ``x`` and the token after it, ``y``)."""
+    if output.dim() == 3:
+        targets = torch.cat([x[:, 1:], y.reshape(-1, 1).to(x.dtype)], dim=1)
+        return F.cross_entropy(output.reshape(-1, output.shape[-1]), targets.reshape(-1))
+    return F.cross_entropy(output, y)
+
+
 def train_epochs(model: nn.Module, data: ClientDataset, config: dict[str, Any], generator: torch.Generator,
-                 *, device: str | torch.device = "cpu", loss_fn: LossFn = F.cross_entropy,
+                 *, device: str | torch.device = "cpu", loss_fn: LossFn | None = None,
                  params=None, regulariser: Callable[[], torch.Tensor] | None = None,
                  before_step: Callable[[], None] | None = None) -> dict[str, float]:
     """Train ``model`` in place on a client's data for ``local_epochs`` (or ``local_steps``) mini-batches.
 
-    ``params`` restricts the optimised parameters (default: every parameter that requires grad);
+    ``loss_fn(output, y)`` replaces :func:`default_loss`; ``params`` restricts the optimised parameters (default:
+    every parameter that requires grad);
     ``regulariser`` adds a penalty to each mini-batch loss; ``before_step`` may edit gradients (e.g. clipped
     learning rates). Returns ``{"loss": mean training loss, "steps": mini-batches}``.
     """
@@ -148,7 +159,8 @@ def train_epochs(model: nn.Module, data: ClientDataset, config: dict[str, Any], 
         for x, y in data.batches(batch_size, generator):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
+            output = model(x)
+            loss = default_loss(output, x, y) if loss_fn is None else loss_fn(output, y)
             if regulariser is not None:
                 loss = loss + regulariser()
             loss.backward()
