@@ -140,19 +140,42 @@ def finetuning_cost(model: nn.Module, example_input: torch.Tensor, *, trainable_
     scheme = "freeze" if lora_rank is None else "lora"
     layers = len(transformer_blocks(model))
     configured = _configured(model, scheme, trainable_last_layers, lora_rank, lora_targets)
-    loss_fn = loss_fn or sequence_loss
-    memory = training_memory(configured, example_input, optimizer, loss_fn)
-    with cpu_attention_flop_formulas():
-        flops = training_flops(configured, example_input, loss_fn)
     return {
         "layers": layers, "scheme": scheme,
         "trained": trainable_last_layers if scheme == "freeze" else layers,
         "rank": lora_rank if scheme == "lora" else 0,
-        "params": count_parameters(configured), "trainable_params": count_parameters(configured, trainable_only=True),
+        **training_step_cost(configured, example_input, optimizer=optimizer, loss_fn=loss_fn),
+    }
+
+
+def training_step_cost(model: nn.Module, example_input: torch.Tensor, *, optimizer: str = "adamw",
+                       loss_fn: LossFn | None = None) -> dict[str, int]:
+    """Memory, upload and FLOPs of one training step of ``model`` *as it is configured* (its ``requires_grad``
+    flags say what trains), measured as :func:`finetuning_cost` does — for configurations other than freezing
+    and LoRA (e.g. a low-rank factorised model). ``loss_fn`` defaults to :func:`sequence_loss`. Returns bytes and
+    FLOPs: ``params, trainable_params, weights, gradients, optimizer, activations, memory, upload,
+    forward_flops, backward_flops, flops``."""
+    loss_fn = loss_fn or sequence_loss
+    memory = training_memory(model, example_input, optimizer, loss_fn)
+    with cpu_attention_flop_formulas():
+        flops = training_flops(model, example_input, loss_fn)
+    return {
+        "params": count_parameters(model), "trainable_params": count_parameters(model, trainable_only=True),
         "weights": memory["weights"], "gradients": memory["gradients"], "optimizer": memory["optimizer"],
         "activations": memory["activations"], "memory": memory["total"],
-        "upload": parameter_bytes(configured, trainable_only=True),
+        "upload": parameter_bytes(model, trainable_only=True),
         "forward_flops": flops["forward"], "backward_flops": flops["backward"], "flops": flops["total"],
+    }
+
+
+def in_table_units(cost: Mapping[str, Any]) -> dict[str, float]:
+    """The byte and FLOP entries of a cost dict in :func:`resource_table`'s units: ``params, trainable_params``,
+    ``<component>_mb`` (MB) and ``forward_gflops, backward_gflops, gflops`` (GFLOPs)."""
+    return {
+        "params": cost["params"], "trainable_params": cost["trainable_params"],
+        **{f"{k}_mb": cost[k] / MB for k in ("weights", "gradients", "optimizer", "activations", "memory", "upload")},
+        "forward_gflops": cost["forward_flops"] / GFLOP, "backward_gflops": cost["backward_flops"] / GFLOP,
+        "gflops": cost["flops"] / GFLOP,
     }
 
 
@@ -188,16 +211,10 @@ def resource_table(models: Mapping[int, nn.Module] | Sequence[nn.Module] | nn.Mo
         for config in configs:
             cost = finetuning_cost(model, example, lora_targets=lora_targets, optimizer=optimizer, loss_fn=loss_fn,
                                    **config)
-            rows.append({
-                "layers": layers, "scheme": cost["scheme"], "trained": cost["trained"], "rank": cost["rank"],
-                "params": cost["params"], "trainable_params": cost["trainable_params"],
-                **{f"{k}_mb": cost[k] / MB for k in ("weights", "gradients", "optimizer", "activations", "memory",
-                                                     "upload")},
-                "forward_gflops": cost["forward_flops"] / GFLOP, "backward_gflops": cost["backward_flops"] / GFLOP,
-                "gflops": cost["flops"] / GFLOP,
-            })
+            rows.append({"layers": layers, "scheme": cost["scheme"], "trained": cost["trained"],
+                         "rank": cost["rank"], **in_table_units(cost)})
     return pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
 
 
 __all__ = ["GFLOP", "MB", "SCHEMES", "TABLE_COLUMNS", "cpu_attention_flop_formulas", "example_batch",
-           "finetuning_cost", "resource_table", "sequence_loss"]
+           "finetuning_cost", "in_table_units", "resource_table", "sequence_loss", "training_step_cost"]

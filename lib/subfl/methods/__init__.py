@@ -15,6 +15,8 @@ from .spectral import SPECTRAL_METHODS
 from .flanc import FLANC
 from .fedp3 import FEDP3_METHODS
 from .caff import CAFF
+from .hetlora import HetLoRA
+from .fedhm import FedHM
 
 METHODS: dict[str, type[Method]] = {
     FedAvg.name: FedAvg,
@@ -24,6 +26,8 @@ METHODS: dict[str, type[Method]] = {
     FLANC.name: FLANC,
     **FEDP3_METHODS,  # fedp3, lowerb, opu2, opu3, opu123, opu23 (methods/fedp3.py)
     CAFF.name: CAFF,
+    HetLoRA.name: HetLoRA,  # CAFF's LoRA baseline (methods/hetlora.py)
+    FedHM.name: FedHM,  # CAFF's low-rank factorisation baseline (methods/fedhm.py)
 }
 
 

@@ -51,6 +51,8 @@ state is the configured optimiser's (AdamW: 2 copies of the trainable parameters
 
 Language models are trained with the next-token loss over every position of a window
 (:func:`~subfl.models.transformers.causal_lm_loss`); evaluation (the engine's) scores the last position.
+Budgets and their resolution, pretrained weights, the measurement batch and local training are shared with CAFF's
+baselines :mod:`subfl.methods.hetlora` and :mod:`subfl.methods.fedhm` (:mod:`subfl.methods.finetuning_common`).
 :meth:`CAFF.round_metrics` reports ``trained_layers`` (mean ``t_c`` of the round, per group and ``global``) and
 ``architecture_layers`` (``l``).
 """
@@ -65,54 +67,14 @@ import torch
 from torch import nn
 
 from ..costs.finetuning import resource_table as measure_resource_table
-from ..fl.training import ClientDataset, train_epochs
+from ..fl.training import ClientDataset
 from ..fl.types import ClientProfile, Task, Update
-from ..models.transformers import causal_lm_loss, freeze_for_finetuning, load_pretrained, trainable_parameter_names
+from ..models.transformers import freeze_for_finetuning, load_pretrained, trainable_parameter_names
 from .base import ClientContext, Method, ServerContext, ServerState, clone_tensors
-
-CONSTRAINTS: tuple[str, ...] = ("memory", "upload", "compute")
-"""The three resource constraints of CAFF, in the order they are reported."""
-
-CONSTRAINT_COLUMNS: dict[str, str] = {"memory": "memory_mb", "upload": "upload_mb", "compute": "gflops"}
-"""Resource-table column (and budget field) of each constraint."""
-
-_UNITS = {"memory": "MB", "upload": "MB", "compute": "GFLOPs"}
-
-
-@dataclass(frozen=True)
-class DeviceBudget:
-    """A device's budgets (``None``: unconstrained): peak memory (MB), upload per round (MB), GFLOPs per batch."""
-
-    device: int | str
-    memory_mb: float | None = None
-    upload_mb: float | None = None
-    gflops: float | None = None
-
-    def limit(self, constraint: str) -> float | None:
-        return getattr(self, CONSTRAINT_COLUMNS[constraint])
-
-
-def as_budget(value: Any, index: int = 0) -> DeviceBudget:
-    """A :class:`DeviceBudget` from a ClientProfile, a DeviceBudget or a dict (``device``/``client_id`` + fields)."""
-    if isinstance(value, DeviceBudget):
-        return value
-    if isinstance(value, ClientProfile):
-        return DeviceBudget(value.client_id, value.memory_mb, value.upload_mb, value.gflops)
-    if isinstance(value, Mapping):
-        unknown = sorted(set(value) - {"device", "client_id", "memory_mb", "upload_mb", "gflops", "group"})
-        if unknown:
-            raise ValueError(f"unknown budget field(s) {unknown}; accepted: device, memory_mb, upload_mb, gflops")
-        device = value.get("device", value.get("client_id", index))
-        return DeviceBudget(device, *(None if value.get(k) is None else float(value[k])
-                                      for k in ("memory_mb", "upload_mb", "gflops")))
-    raise TypeError(f"a budget must be a ClientProfile, DeviceBudget or dict, got {type(value).__name__}")
-
-
-def _budgets(budgets: Sequence[Any]) -> list[DeviceBudget]:
-    out = [as_budget(b, i) for i, b in enumerate(budgets)]
-    if not out:
-        raise ValueError("budgets must hold at least one device")
-    return out
+from .finetuning_common import (CONSTRAINT_COLUMNS, CONSTRAINTS, DeviceBudget, as_budget, check_group_budgets,
+                                declared_population, device_budgets, exceeded, group_means, measurement_batch,
+                                model_kind, optimizer_state, pretrained_depths, pretrained_source, pretrained_state,
+                                resolve_budget, train_transformer, violated_constraints)
 
 
 def freeze_rows(resource_table: pd.DataFrame | Sequence[Mapping[str, Any]]) -> pd.DataFrame:
@@ -130,12 +92,6 @@ def freeze_rows(resource_table: pd.DataFrame | Sequence[Mapping[str, Any]]) -> p
     return table.astype({"layers": int, "trained": int}).sort_values(["layers", "trained"]).reset_index(drop=True)
 
 
-def violated_constraints(row: Mapping[str, Any], budget: DeviceBudget) -> list[str]:
-    """The constraints of ``budget`` that configuration ``row`` exceeds."""
-    return [c for c in CONSTRAINTS
-            if budget.limit(c) is not None and float(row[CONSTRAINT_COLUMNS[c]]) > budget.limit(c)]
-
-
 def trainable_layers(resource_table, layers: int, budget: Any) -> int:
     """``t_c(l)``: the largest ``t`` whose ``F_l^t`` fits all of the device's budgets; 0 if none does."""
     budget = as_budget(budget)
@@ -150,17 +106,14 @@ def trainable_layers(resource_table, layers: int, budget: Any) -> int:
 def binding_constraints(resource_table, layers: int, budget: Any) -> str:
     """Why a device cannot train one layer of ``F_l``: the constraints the cheapest ``F_l^t`` exceeds, with
     needed and available amounts (e.g. ``"memory (needs 68.8 MB, has 50 MB)"``)."""
-    budget = as_budget(budget)
     rows = freeze_rows(resource_table)
     row = rows[rows["layers"] == int(layers)].iloc[0]
-    parts = [f"{c} (needs {float(row[CONSTRAINT_COLUMNS[c]]):.4g} {_UNITS[c]} for t={int(row['trained'])}, "
-             f"has {budget.limit(c):.4g} {_UNITS[c]})" for c in violated_constraints(row, budget)]
-    return " and ".join(parts) or "none"
+    return exceeded(row, budget, f"t={int(row['trained'])}")
 
 
 def device_layers(resource_table, budgets: Sequence[Any]) -> dict[int, list[int]]:
     """``{l: [t_c(l) for every device]}`` for every depth in the table."""
-    budgets = _budgets(budgets)
+    budgets = device_budgets(budgets)
     rows = freeze_rows(resource_table)
     return {int(l): [trainable_layers(rows, int(l), b) for b in budgets] for l in sorted(set(rows["layers"]))}
 
@@ -195,7 +148,7 @@ def select_architecture(resource_table, budgets: Sequence[Any], layers: int | No
     """Eq. (3): among :func:`feasible_architectures`, the depth maximising the mean over devices of ``t_c(l)``;
     ties → the deeper model. ``layers`` fixes the depth (it must be feasible). ``ValueError`` naming the binding
     constraint(s) and device(s) when no depth (or the fixed one) is feasible."""
-    budgets = _budgets(budgets)
+    budgets = device_budgets(budgets)
     per_layer = device_layers(resource_table, budgets)
     if layers is not None and int(layers) not in per_layer:
         raise ValueError(f"architecture layers={layers} is not in the resource table (depths {sorted(per_layer)})")
@@ -232,25 +185,6 @@ def layerwise_average(weights: Mapping[str, torch.Tensor], updates: Sequence[tup
     return out
 
 
-class _WithInputs(nn.Module):
-    """Returns ``(logits, inputs)`` so that a loss of ``(output, y)`` can build next-token targets from inputs."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.model(x), x
-
-
-def _lm_loss(output: tuple[torch.Tensor, torch.Tensor], y: torch.Tensor) -> torch.Tensor:
-    logits, tokens = output
-    return causal_lm_loss(logits, tokens, y)
-
-
-_OPTIMIZER_STATE = {"sgd": "sgd", "adam": "adam", "adamw": "adamw"}
-
-
 class CAFF(Method):
     """Constraint-aware federated finetuning of pretrained tiny transformers (see the module docstring).
 
@@ -265,12 +199,7 @@ class CAFF(Method):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        budgets = self.config["budgets"]
-        if budgets is not None:
-            if not isinstance(budgets, Mapping):
-                raise ValueError(f"option budgets must be a dict {{group: budget dict}}, got {budgets!r}")
-            for group, value in budgets.items():
-                as_budget(value)
+        check_group_budgets(self.config["budgets"])
         if self.config["architecture"] is not None and (isinstance(self.config["architecture"], bool)
                                                         or not isinstance(self.config["architecture"], int)):
             raise ValueError(f"option architecture must be an int number of layers or None, "
@@ -278,26 +207,14 @@ class CAFF(Method):
 
     # ----- helpers -----------------------------------------------------------------------------------
     def _pretrained_source(self, ctx: ServerContext) -> Any:
-        source = self.config["pretrained"]
-        if source is None:
-            source = ctx.extra.get("pretrained")
-        if source is None:
-            raise ValueError("caff needs pretrained weights: pass option pretrained= a {layers: state_dict} mapping, "
-                             "a pretraining scale ('ci', 'cpu', 'paper'), or 'none' (no pretraining), or put one of "
-                             "them in ServerContext.extra['pretrained']")
-        return source
+        return pretrained_source(self.config["pretrained"], ctx, self.name)
 
     def candidate_depths(self, ctx: ServerContext) -> list[int]:
         """The depths ``l`` CAFF chooses among."""
         source = self._pretrained_source(ctx)
-        if isinstance(source, Mapping):
-            available = sorted(int(l) for l in source)
-        elif source == "none":
+        available = pretrained_depths(source, ctx)
+        if available is None:  # "none": the family's depths
             available = [3, 6, 9, 12]
-        else:
-            from ..experiments.pretraining import family_depths  # lazy: experiments imports the methods
-
-            available = list(family_depths(self._kind(ctx), source))
         wanted = self.config["layers"]
         if wanted is not None:
             missing = sorted(set(int(l) for l in wanted) - set(available))
@@ -311,64 +228,24 @@ class CAFF(Method):
 
     @staticmethod
     def _kind(ctx: ServerContext) -> str:
-        return "lm" if ctx.task == "next_token" else "vit"
+        return model_kind(ctx)
 
     def _pretrained_state(self, ctx: ServerContext, layers: int) -> Mapping[str, torch.Tensor] | None:
-        source = self._pretrained_source(ctx)
-        if isinstance(source, Mapping):
-            return source[layers] if layers in source else source[str(layers)]
-        if source == "none":
-            return None
-        if source not in ("ci", "cpu", "paper"):
-            raise ValueError(f"pretrained must be a mapping, 'ci', 'cpu', 'paper' or 'none', got {source!r}")
-        from ..experiments.pretraining import pretrain, preset
-
-        return pretrain(preset(self._kind(ctx), source, layers))
-
-    def _example_batch(self, ctx: ServerContext) -> torch.Tensor:
-        b = int(ctx.training.batch_size)
-        g = torch.Generator().manual_seed(0)
-        if ctx.task == "next_token":
-            return torch.randint(ctx.num_classes, (b, *ctx.input_shape), generator=g)
-        return torch.randn((b, *ctx.input_shape), generator=g)
-
-    def _optimizer_state(self, ctx: ServerContext) -> str:
-        name = ctx.training.optimizer
-        if name == "sgd":
-            return "sgd_momentum" if ctx.training.momentum > 0 else "sgd"
-        return _OPTIMIZER_STATE[name]
+        return pretrained_state(self._pretrained_source(ctx), ctx, layers)
 
     def _table(self, ctx: ServerContext, depths: Sequence[int]) -> pd.DataFrame:
         given = self.config["resource_table"]
         if given is not None:
             return freeze_rows(given)
         models = {l: ctx.model_fn(layers=l) for l in depths}
-        return freeze_rows(measure_resource_table(models, self._example_batch(ctx),
-                                                  optimizer=self._optimizer_state(ctx)))
+        return freeze_rows(measure_resource_table(models, measurement_batch(ctx), optimizer=optimizer_state(ctx)))
 
     def _population(self, ctx: ServerContext | None) -> list[Any] | None:
-        if self.config["devices"] is not None:
-            return list(self.config["devices"])
-        if ctx is not None and ctx.extra.get("devices") is not None:
-            return list(ctx.extra["devices"])
-        return None
+        return declared_population(self.config["devices"], ctx)
 
     def _budget(self, profile: ClientProfile, ctx: ServerContext | None = None) -> DeviceBudget:
         """Per constraint: the profile's own budget, else the declared device of the same id, else the group's."""
-        sources = [as_budget(profile)]
-        population = self._population(ctx)
-        if population is not None:
-            declared = {b.device: b for b in _budgets(population)}
-            if profile.client_id in declared:
-                sources.append(declared[profile.client_id])
-        groups = self.config["budgets"]
-        if groups is not None:
-            if profile.group not in groups:
-                raise ValueError(f"option budgets has no entry for group {profile.group!r} of client "
-                                 f"{profile.client_id}; groups given: {sorted(groups)}")
-            sources.append(as_budget(groups[profile.group]))
-        limits = [next((b.limit(c) for b in sources if b.limit(c) is not None), None) for c in CONSTRAINTS]
-        return DeviceBudget(profile.client_id, *limits)
+        return resolve_budget(profile, self._population(ctx), self.config["budgets"])
 
     def _select(self, state: ServerState, ctx: ServerContext, population: Sequence[Any]) -> None:
         table = state["table"]
@@ -422,12 +299,8 @@ class CAFF(Method):
         rows = state.get("last_round") or []
         if not rows:
             return {}
-        out = {("trained_layers", "global"): sum(r["trained_layers"] for r in rows) / len(rows),
-               ("architecture_layers", "global"): float(state["layers"])}
-        for group in sorted({r["group"] for r in rows if r["group"]}):
-            ts = [r["trained_layers"] for r in rows if r["group"] == group]
-            out[("trained_layers", group)] = sum(ts) / len(ts)
-        return out
+        return {**group_means(rows, "trained_layers", "trained_layers"),
+                ("architecture_layers", "global"): float(state["layers"])}
 
     def evaluation_models(self, state: ServerState, ctx: ServerContext) -> dict[str, nn.Module]:
         model = ctx.model_fn(layers=state["layers"])
@@ -440,11 +313,7 @@ class CAFF(Method):
         model = ctx.model_fn(layers=cfg["layers"]).to(ctx.device)
         model.load_state_dict(task.tensors)
         freeze_for_finetuning(model, int(cfg["trained_layers"]))
-        if cfg.get("task", ctx.task) == "next_token":
-            stats = train_epochs(_WithInputs(model), data, cfg["train"], ctx.generator, device=ctx.device,
-                                 loss_fn=_lm_loss)
-        else:
-            stats = train_epochs(model, data, cfg["train"], ctx.generator, device=ctx.device)
+        stats = train_transformer(model, data, cfg, ctx)
         trained = set(trainable_parameter_names(model))
         upload = clone_tensors({k: v for k, v in model.state_dict().items() if k in trained})
         return Update(task.client_id, upload, len(data),

@@ -100,9 +100,10 @@ its first numeric component (the child of an ``nn.Sequential``: a ResNet ``Basic
 shortcut; 10 units in ResNet-18: stem, 8 blocks, fc), as in FedP3's block-wise ablation; ``"stage"`` — the first
 path component (``layer1``…``layer4``). The FFC (the last linear layer) is always its own unit.
 
-Evaluation: the global (dense) model on the global test set (``"global"``). FedP3 reports the mean of the
-clients' *local* test accuracies (each client's data split 70/30); that needs a per-client test split in the
-engine, not available yet.
+Evaluation: the global (dense) model on the global test set (``"global"``) and, with the experiment option
+``local_test_fraction=0.3``, FedP3's personalised evaluation: each client's data is split once 70/30 into local
+training and test sets, and the engine records ``local_accuracy`` — the mean of the clients' local test
+accuracies of the global model (:func:`subfl.fl.engine.run_simulation`).
 
 Models: the paper's nets are in :mod:`subfl.models.fedp3_nets`; option ``net`` (``"fedp3_cnn"`` /
 ``"fedp3_mlp"``, with ``net_options``) makes the method build them itself with
