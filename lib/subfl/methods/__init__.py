@@ -17,6 +17,7 @@ from .fedp3 import FEDP3_METHODS
 from .caff import CAFF
 from .hetlora import HetLoRA
 from .fedhm import FedHM
+from .depthfl import DepthFL
 
 METHODS: dict[str, type[Method]] = {
     FedAvg.name: FedAvg,
@@ -28,6 +29,7 @@ METHODS: dict[str, type[Method]] = {
     CAFF.name: CAFF,
     HetLoRA.name: HetLoRA,  # CAFF's LoRA baseline (methods/hetlora.py)
     FedHM.name: FedHM,  # CAFF's low-rank factorisation baseline (methods/fedhm.py)
+    DepthFL.name: DepthFL,  # CAFF's depth-wise early-exit baseline (methods/depthfl.py)
 }
 
 

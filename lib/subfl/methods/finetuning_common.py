@@ -1,6 +1,7 @@
 """What the finetuning methods of CAFF's paper share (Pfeiffer, Ahmed, Khalili & Henkel, "Efficient Federated
 Finetuning of Tiny Transformers with Resource-Constrained Devices"): CAFF itself (:mod:`subfl.methods.caff`) and
-its baselines HetLoRA (:mod:`subfl.methods.hetlora`) and FedHM (:mod:`subfl.methods.fedhm`).
+its baselines HetLoRA (:mod:`subfl.methods.hetlora`), FedHM (:mod:`subfl.methods.fedhm`) and DepthFL
+(:mod:`subfl.methods.depthfl`).
 
 * **Budgets.** A device has three budgets (:class:`DeviceBudget`): peak training memory (MB), upload per round
   (MB) and compute per mini-batch (GFLOPs). :func:`resolve_budget` takes, per constraint, the first that is set
@@ -17,11 +18,12 @@ its baselines HetLoRA (:mod:`subfl.methods.hetlora`) and FedHM (:mod:`subfl.meth
 * **Measurement inputs**: a mini-batch of ``training.batch_size`` samples of the task's input shape
   (:func:`measurement_batch`) and the configured optimiser's state (:func:`optimizer_state`).
 * **Local training** (:func:`train_transformer`): a language model is trained with the next-token loss over every
-  position of a window (:func:`~subfl.models.transformers.causal_lm_loss`), a ViT with cross-entropy.
+  position of a window (:func:`~subfl.models.transformers.causal_lm_loss`), a ViT with cross-entropy; a method may
+  pass its own loss of ``(output, inputs, targets)`` (DepthFL's exits and self-distillation).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -265,13 +267,13 @@ def optimizer_state(ctx: ServerContext) -> str:
 
 # ----- local training ---------------------------------------------------------------------------------------------
 class _WithInputs(nn.Module):
-    """Returns ``(logits, inputs)`` so that a loss of ``(output, y)`` can build next-token targets from inputs."""
+    """Returns ``(output, inputs)`` so that a loss of ``(output, y)`` can build next-token targets from inputs."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor) -> tuple[Any, torch.Tensor]:
         return self.model(x), x
 
 
@@ -280,10 +282,19 @@ def _lm_loss(output: tuple[torch.Tensor, torch.Tensor], y: torch.Tensor) -> torc
     return causal_lm_loss(logits, tokens, y)
 
 
+InputLoss = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
+"""A loss of ``(model output, inputs, targets)`` — the signature of :func:`subfl.fl.training.default_loss`."""
+
+
 def train_transformer(model: nn.Module, data: ClientDataset, config: Mapping[str, Any],
-                      ctx: ClientContext) -> dict[str, float]:
+                      ctx: ClientContext, loss_fn: InputLoss | None = None) -> dict[str, float]:
     """Train ``model``'s trainable parameters with ``config["train"]``: next-token loss over every position for a
-    ``next_token`` task (``config["task"]``, else the client context's), the default loss otherwise."""
+    ``next_token`` task (``config["task"]``, else the client context's), the default loss otherwise. ``loss_fn(output,
+    inputs, targets)``, when given, replaces both (it sees the mini-batch's inputs, so a language model's loss can
+    build its next-token targets from them, as :func:`~subfl.fl.training.default_loss` does)."""
+    if loss_fn is not None:
+        return train_epochs(_WithInputs(model), data, config["train"], ctx.generator, device=ctx.device,
+                            loss_fn=lambda output, y: loss_fn(output[0], output[1], y))
     if config.get("task", ctx.task) == "next_token":
         return train_epochs(_WithInputs(model), data, config["train"], ctx.generator, device=ctx.device,
                             loss_fn=_lm_loss)
@@ -301,8 +312,8 @@ def group_means(rows: Sequence[Mapping[str, Any]], key: str, metric: str) -> dic
     return out
 
 
-__all__ = ["CONSTRAINTS", "CONSTRAINT_COLUMNS", "DeviceBudget", "PRETRAINING_SCALES", "UNITS", "as_budget",
-           "check_architecture", "check_group_budgets", "declared_population", "device_budgets", "exceeded",
-           "fixed_depth", "group_means", "largest_fitting", "measurement_batch", "model_kind", "optimizer_state",
-           "pretrained_depths", "pretrained_model", "pretrained_source", "pretrained_state", "resolve_budget",
-           "rows_for", "table_rows", "train_transformer", "violated_constraints"]
+__all__ = ["CONSTRAINTS", "CONSTRAINT_COLUMNS", "DeviceBudget", "InputLoss", "PRETRAINING_SCALES", "UNITS",
+           "as_budget", "check_architecture", "check_group_budgets", "declared_population", "device_budgets",
+           "exceeded", "fixed_depth", "group_means", "largest_fitting", "measurement_batch", "model_kind",
+           "optimizer_state", "pretrained_depths", "pretrained_model", "pretrained_source", "pretrained_state",
+           "resolve_budget", "rows_for", "table_rows", "train_transformer", "violated_constraints"]

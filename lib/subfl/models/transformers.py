@@ -449,6 +449,43 @@ def load_pretrained(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) ->
     return skipped
 
 
+def embed_inputs(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """The sequence a tiny transformer feeds its first block — the part of its ``forward`` before the blocks.
+
+    :class:`TinyGPT`: token embedding + position embedding, ``(B, T, E)``; :class:`TinyViT`: patch embeddings, the
+    class token (``pool="cls"``) and the position embedding, ``(B, [1 +] P, E)``. ``model`` is any module with the
+    attributes of one of them (``token_embedding``, ``position_embedding``, ``context_length``; or
+    ``patch_embedding``, ``cls_token``, ``pos_embedding``, ``image_size``), e.g. a truncated copy of one.
+    """
+    if hasattr(model, "token_embedding"):
+        if inputs.dim() != 2:
+            raise ValueError(f"a language model expects token ids of shape (B, T), got {tuple(inputs.shape)}")
+        t = inputs.shape[1]
+        if t > model.context_length:
+            raise ValueError(f"input length {t} exceeds context_length={model.context_length}")
+        return model.token_embedding(inputs) + model.position_embedding(torch.arange(t, device=inputs.device))
+    if hasattr(model, "patch_embedding"):
+        size = model.image_size
+        if inputs.dim() != 4 or inputs.shape[-1] != size or inputs.shape[-2] != size:
+            raise ValueError(f"a ViT expects images (B, C, {size}, {size}), got {tuple(inputs.shape)}")
+        x = model.patch_embedding(inputs).flatten(2).transpose(1, 2)
+        if getattr(model, "cls_token", None) is not None:
+            x = torch.cat([model.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        return x + model.pos_embedding
+    raise TypeError(f"embed_inputs knows TinyGPT and TinyViT (or modules with their embeddings), "
+                    f"got {type(model).__name__}")
+
+
+def read_out(model: nn.Module, hidden: torch.Tensor, norm: nn.Module, head: nn.Module) -> torch.Tensor:
+    """``head(norm(hidden))`` pooled as ``model``'s ``forward`` pools: every position of a language model
+    (``(B, T, V)``), the class token or the mean token of a ViT (``model.pool``; ``(B, classes)``). With
+    ``model.norm`` / ``model.head`` after the last block this is ``model``'s output; with other heads, an early exit."""
+    x = norm(hidden)
+    if hasattr(model, "token_embedding"):
+        return head(x)
+    return head(x[:, 0] if getattr(model, "pool", "cls") == "cls" else x.mean(dim=1))
+
+
 def sequence_targets(tokens: torch.Tensor, next_token: torch.Tensor) -> torch.Tensor:
     """The target of every position of a window: ``tokens[:, 1:]`` followed by ``next_token``."""
     return torch.cat([tokens[:, 1:], next_token.reshape(-1, 1).to(tokens.dtype)], dim=1)
@@ -462,5 +499,6 @@ def causal_lm_loss(logits: torch.Tensor, tokens: torch.Tensor, next_token: torch
 
 
 __all__ = ["Attention", "Block", "EMBEDDING_NAMES", "LAYER_DEPTHS", "LORA_TARGETS", "LoRALinear", "MLP", "TinyGPT",
-           "TinyViT", "add_lora", "causal_lm_loss", "freeze_for_finetuning", "load_pretrained", "sequence_targets",
-           "tiny_gpt", "tiny_vit", "trainable_parameter_names", "trained_block_indices", "transformer_blocks"]
+           "TinyViT", "add_lora", "causal_lm_loss", "embed_inputs", "freeze_for_finetuning", "load_pretrained",
+           "read_out", "sequence_targets", "tiny_gpt", "tiny_vit", "trainable_parameter_names", "trained_block_indices",
+           "transformer_blocks"]
