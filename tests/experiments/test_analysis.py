@@ -93,3 +93,10 @@ def test_width_table_averages_seeds_per_width(heterofl_run):
     assert table.set_index("width").loc[1.0, "mean"] == pytest.approx(heterofl_run.final(group="1"))
     with pytest.raises(ValueError, match="no run recorded"):
         width_table([heterofl_run], groups=("0.3",))
+
+
+def test_finding_status():
+    from subfl.experiments.analysis import finding_status
+    assert finding_status(True, 0.5, 0.4) == "same"
+    assert finding_status(False, 0.4, 0.5) == "differs"
+    assert finding_status(True, float("nan"), 0.4) == "differs (diverged)"

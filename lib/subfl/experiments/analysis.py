@@ -103,3 +103,11 @@ def width_costs(model: str, widths: Sequence[float], *, dataset: str = "fmnist",
 
 
 __all__ = ["IMAGE_SHAPES", "client_levels", "payload_by_level", "mean_std_labels", "width_costs", "width_table"]
+
+
+def finding_status(holds: bool, *values: float) -> str:
+    """The status of a paper's finding checked on our numbers: ``"same"`` when it holds, ``"differs"`` when it
+    does not, ``"differs (diverged)"`` when one of the compared ``values`` is NaN (the runs diverged)."""
+    if any(v != v for v in values):
+        return "differs (diverged)"
+    return "same" if holds else "differs"
