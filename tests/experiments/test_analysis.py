@@ -6,7 +6,7 @@ import pytest
 from subfl.costs import parameter_bytes
 from subfl.experiments import make_config, run_experiment
 from subfl.experiments.analysis import client_levels, payload_by_level, width_costs, width_table
-from subfl.experiments.catalog import FLANC_SETTINGS, flanc_config
+from subfl.experiments.catalog import FLANC_SETTINGS, fedavg_reference, flanc_config
 from subfl.methods.width import model_width
 from subfl.models import build_model
 
@@ -42,6 +42,13 @@ def test_flanc_config_validates_and_applies_the_chapter_defaults():
         flanc_config("flanc", "static", "iid", dataset="shakespeare")
     with pytest.raises(ValueError, match="partition='roles' is not a split of 'fmnist'"):
         flanc_config("flanc", "static", "roles")
+    cif = flanc_config("heterofl", "A25", dataset="cifar10")  # chapter 1's CIFAR-10 model and sizes
+    ref = fedavg_reference("cifar10")
+    assert (cif.model, cif.width, cif.num_clients, cif.rounds, cif.lr, cif.lr_schedule, cif.eval_every) == (
+        ref.model, ref.width, ref.num_clients, ref.rounds, ref.lr, ref.lr_schedule, 5) == (
+        "cnn", 1.0, 20, 40, 0.02, "cosine", 5)
+    assert dict(cif.method_options) == {"scaler": False}  # the FedAvg CNN has no normalisation either
+    assert flanc_config("flanc", dataset="cifar10", scale="paper").model == "resnet18"
 
 
 def test_spectral_config_shares_chapter_ones_reference_setting():
