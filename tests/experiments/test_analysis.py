@@ -1,10 +1,12 @@
 """Per-width traffic and costs read back from finished runs (digits: always available, seconds)."""
 from collections import Counter
+from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from subfl.costs import parameter_bytes
-from subfl.experiments import make_config, run_experiment
+from subfl.experiments import RunResult, make_config, run_experiment
 from subfl.experiments.analysis import client_levels, payload_by_level, width_costs, width_table
 from subfl.experiments.catalog import FLANC_SETTINGS, fedavg_reference, flanc_config
 from subfl.methods.width import model_width
@@ -107,3 +109,34 @@ def test_finding_status():
     assert finding_status(True, 0.5, 0.4) == "same"
     assert finding_status(False, 0.4, 0.5) == "differs"
     assert finding_status(True, float("nan"), 0.4) == "differs (diverged)"
+
+
+def _synthetic_run(method: str, seed: int, finals: dict[str, float], metric: str = "accuracy") -> RunResult:
+    """A RunResult whose history holds only the final ``metric`` of each width group (no files)."""
+    run = RunResult(make_config(method, "digits", "mlp", scale="ci", seed=seed), Path("/nonexistent"))
+    run.__dict__["history"] = pd.DataFrame([{"round": 2, "metric": metric, "value": v, "group": g}
+                                            for g, v in finals.items()])
+    return run
+
+
+def test_ordering_check_margins_spread_and_status():
+    from subfl.experiments.analysis import ordering_check
+    runs = [_synthetic_run("flanc", s, {"0.25": 0.80 + d, "1": 0.70 + d}) for s, d in ((0, 0.0), (1, 0.02))]
+    runs += [_synthetic_run("heterofl", s, {"0.25": 0.70, "1": 0.709 + d}) for s, d in ((0, 0.0), (1, 0.002))]
+    runs += [_synthetic_run("fjord", s, {"0.25": 0.75, "1": 0.80}) for s in (0, 1)]
+    table = ordering_check(runs).set_index("width")
+    # width 1/4: flanc 0.81 ± 0.01414, best rival fjord 0.75 ± 0 -> margin 0.06 > spread 0.01414: ahead
+    assert table.loc[0.25, "margin"] == pytest.approx(0.06)
+    assert table.loc[0.25, "spread"] == pytest.approx((2 * 0.01 ** 2) ** 0.5)
+    assert (table.loc[0.25, "status"], table.loc[0.25, "best"]) == ("ahead", "flanc")
+    # width 1: flanc 0.71 vs fjord 0.80 -> behind by 0.09
+    assert table.loc[1.0, "margin"] == pytest.approx(-0.09)
+    assert (table.loc[1.0, "status"], table.loc[1.0, "best"]) == ("behind", "fjord")
+    # lower is better (perplexity): the sign flips, so flanc's larger values put it behind at 1/4
+    ppl = ordering_check(runs, higher_is_better=False).set_index("width")
+    assert ppl.loc[0.25, "margin"] == pytest.approx(-0.11) and ppl.loc[0.25, "best"] == "heterofl"
+    # within the spread: flanc 0.71 ± 0.01414 vs heterofl alone 0.710 ± 0.001414
+    near = ordering_check(runs, rivals=("heterofl",)).set_index("width")
+    assert near.loc[1.0, "status"] == "within seed spread"
+    with pytest.raises(ValueError, match="fedrolex"):
+        ordering_check(runs, rivals=("fedrolex",))

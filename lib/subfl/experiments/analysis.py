@@ -102,7 +102,8 @@ def width_costs(model: str, widths: Sequence[float], *, dataset: str = "fmnist",
     return pd.DataFrame(rows)
 
 
-__all__ = ["IMAGE_SHAPES", "client_levels", "payload_by_level", "mean_std_labels", "width_costs", "width_table"]
+__all__ = ["IMAGE_SHAPES", "client_levels", "finding_status", "mean_std_labels", "ordering_check", "payload_by_level",
+           "width_costs", "width_table"]
 
 
 def finding_status(holds: bool, *values: float) -> str:
@@ -111,3 +112,33 @@ def finding_status(holds: bool, *values: float) -> str:
     if any(v != v for v in values):
         return "differs (diverged)"
     return "same" if holds else "differs"
+
+
+def ordering_check(results: Iterable[RunResult], *, method: str = "flanc", rivals: Sequence[str] = ("heterofl", "fjord"),
+                   metric: str = "accuracy", higher_is_better: bool = True,
+                   groups: Sequence[str] = ("0.25", "0.5", "0.75", "1")) -> pd.DataFrame:
+    """Is ``method`` ahead of every one of ``rivals`` at each width? One row per width all of them evaluated.
+
+    ``margin`` is ``method``'s mean minus the best rival's (sign flipped when lower is better, e.g. perplexity,
+    so a positive margin always means ``method`` is ahead); ``spread`` is the largest
+    ``sqrt(sd_method² + sd_rival²)`` over the rivals (0 with one seed). ``status``: ``"ahead"`` when
+    margin > spread, ``"behind"`` when margin < −spread, else ``"within seed spread"``; ``best`` is the best
+    method among all runs at that width.
+    """
+    table = width_table(results, groups=groups, metric=metric)
+    missing = {method, *rivals} - set(table["method"])
+    if missing:
+        raise ValueError(f"no runs of {sorted(missing)} in results; methods present: {sorted(set(table['method']))}")
+    sign = 1.0 if higher_is_better else -1.0
+    rows = []
+    for width, sub in table.groupby("width"):
+        if not {method, *rivals} <= set(sub["method"]):
+            continue  # a width only some methods evaluate (e.g. FLANC's ½ in a two-device-type run)
+        mean = dict(zip(sub["method"], sub["mean"]))
+        sd = dict(zip(sub["method"], sub["std"].fillna(0.0)))
+        margin = min(sign * (mean[method] - mean[r]) for r in rivals)
+        spread = max((sd[method] ** 2 + sd[r] ** 2) ** 0.5 for r in rivals)
+        status = "ahead" if margin > spread else "behind" if margin < -spread else "within seed spread"
+        best = (max if higher_is_better else min)(mean, key=mean.get)
+        rows.append({"width": width, "best": best, "margin": margin, "spread": spread, "status": status})
+    return pd.DataFrame(rows, columns=["width", "best", "margin", "spread", "status"])
