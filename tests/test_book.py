@@ -56,3 +56,21 @@ def test_status_reports_every_notebook():
     assert all(r.state in ("fresh", "stale", "missing") for r in rows)
     with pytest.raises(ValueError, match="scale"):
         book.status("gpu")
+
+
+def test_execute_runs_stale_notebooks_in_parallel_with_provenance(tmp_path):
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+    for name in ("a", "b"):
+        nb = new_notebook(cells=[new_markdown_cell("# t"), new_code_cell("scale = None\ndata_root = None",
+                                                                          metadata={"tags": ["parameters"]}),
+                                 new_code_cell(f"answer = {name!r} + str(scale)")])
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        (tmp_path / "notebooks" / "ch").mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, tmp_path / "notebooks" / "ch" / f"{name}.ipynb")
+    done = book.execute("ci", jobs=2, root=tmp_path)
+    assert [p.relative_to(tmp_path).as_posix() for p in done] == ["book/ch/a.ipynb", "book/ch/b.ipynb"]
+    assert {r.state for r in book.status("ci", root=tmp_path)} == {"fresh"}
+    assert book.execute("ci", jobs=2, root=tmp_path) == []  # nothing stale any more
+    with pytest.raises(ValueError, match="jobs"):
+        book.execute("ci", jobs=0, root=tmp_path)

@@ -90,10 +90,10 @@ def _check_scale(scale: str) -> None:
         raise ValueError(f"scale={scale!r} is not valid; accepted: {', '.join(SCALES)}")
 
 
-def status(scale: str = "cpu", only: str | None = None) -> list[NotebookState]:
-    """Which executed copies are fresh, stale (and why) or missing."""
+def status(scale: str = "cpu", only: str | None = None, root: Path | None = None) -> list[NotebookState]:
+    """Which executed copies are fresh, stale (and why) or missing (``root``: the checkout; default: this one)."""
     _check_scale(scale)
-    root = project_root()
+    root = project_root() if root is None else root
     out = []
     for src in _sources(root, only):
         rel = src.relative_to(root).as_posix()
@@ -140,16 +140,22 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
     return dst
 
 
-def execute(scale: str = "cpu", only: str | None = None, force: bool = False) -> list[Path]:
-    """Execute every stale or missing notebook (all of them with ``force``)."""
-    root = project_root()
-    done = []
-    for row in status(scale, only):
-        if row.state == "fresh" and not force:
-            continue
+def execute(scale: str = "cpu", only: str | None = None, force: bool = False, jobs: int = 1,
+            root: Path | None = None) -> list[Path]:
+    """Execute every stale or missing notebook (all of them with ``force``), ``jobs`` at a time (separate
+    processes; every notebook runs in its own kernel either way). Returns the executed copies in status order."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
+    root = project_root() if root is None else root
+    todo = [row for row in status(scale, only, root) if force or row.state != "fresh"]
+    for row in todo:
         print(f"executing {row.notebook} at scale {scale} ({row.reason})", flush=True)
-        done.append(execute_notebook(root / row.notebook, scale, root))
-    return done
+    sources = [root / row.notebook for row in todo]
+    if jobs == 1 or len(sources) < 2:
+        return [execute_notebook(src, scale, root) for src in sources]
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(max_workers=min(jobs, len(sources))) as pool:
+        return list(pool.map(execute_notebook, sources, [scale] * len(sources), [root] * len(sources)))
 
 
 def build_site(root: Path | None = None, strict: bool = True) -> Path:

@@ -69,7 +69,7 @@ def _cmd_book(args: argparse.Namespace) -> int:
         for row in book.status(scale=args.scale):
             print(f"{row.state:8s} {row.notebook}  ({row.reason})")
         return 0
-    book.execute(scale=args.scale, only=args.only, force=args.force)
+    book.execute(scale=args.scale, only=args.only, force=args.force, jobs=args.jobs)
     if not args.no_build:
         book.build_site()
     return 0
@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     bk.add_argument("--force", action="store_true", help="re-execute even fresh notebooks")
     bk.add_argument("--status", action="store_true", help="list which executed notebooks are stale")
     bk.add_argument("--no-build", action="store_true", help="execute notebooks but do not build the site")
+    bk.add_argument("--jobs", type=int, default=1, help="notebooks executed at a time (default 1)")
     bk.set_defaults(func=_cmd_book)
     ls = sub.add_parser("list", help="list methods, datasets, models, partitions and scales")
     ls.set_defaults(func=_cmd_list)

@@ -140,3 +140,28 @@ def test_ordering_check_margins_spread_and_status():
     assert near.loc[1.0, "status"] == "within seed spread"
     with pytest.raises(ValueError, match="fedrolex"):
         ordering_check(runs, rivals=("fedrolex",))
+
+
+def test_stage_seconds_averages_rounds_and_divides_by_the_clients(heterofl_run):
+    from subfl.experiments.analysis import stage_seconds
+    table = stage_seconds([heterofl_run, heterofl_run]).iloc[0]
+    t = heterofl_run.timings
+    per_stage = {s: t[t.stage == s].seconds.mean() for s in ("configure", "aggregate", "local_train")}
+    assert table["local_train"] == pytest.approx(per_stage["local_train"])
+    assert table["local_per_client"] == pytest.approx(per_stage["local_train"] / 4)  # 4 clients per round
+    server = per_stage["configure"] + per_stage["aggregate"]
+    assert table["server_share"] == pytest.approx(server / per_stage["local_train"])
+    assert table["server_share_per_client"] == pytest.approx(4 * table["server_share"])
+    with pytest.raises(ValueError, match="no finished"):
+        stage_seconds([])
+
+
+def test_svd_refresh_seconds_lists_every_decomposed_layer():
+    from subfl.experiments.analysis import svd_refresh_seconds
+    model = build_model("cnn", num_classes=10, input_shape=(3, 32, 32), width=0.25)
+    table = svd_refresh_seconds(model, repeats=1)
+    # the FedAvg CNN: conv1 and fc2 (first / last) are kept dense; conv2 (16 x 8*5*5) and fc1 (128 x 16*8*8) are not
+    assert list(table.layer) == ["conv2", "fc1"] and list(table["shape"]) == ["16 × 200", "128 × 1024"]
+    assert (table.seconds > 0).all()
+    with pytest.raises(ValueError, match="repeats"):
+        svd_refresh_seconds(model, repeats=0)

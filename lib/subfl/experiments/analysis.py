@@ -103,7 +103,7 @@ def width_costs(model: str, widths: Sequence[float], *, dataset: str = "fmnist",
 
 
 __all__ = ["IMAGE_SHAPES", "client_levels", "finding_status", "mean_std_labels", "ordering_check", "payload_by_level",
-           "width_costs", "width_table"]
+           "stage_seconds", "svd_refresh_seconds", "width_costs", "width_table"]
 
 
 def finding_status(holds: bool, *values: float) -> str:
@@ -142,3 +142,58 @@ def ordering_check(results: Iterable[RunResult], *, method: str = "flanc", rival
         best = (max if higher_is_better else min)(mean, key=mean.get)
         rows.append({"width": width, "best": best, "margin": margin, "spread": spread, "status": status})
     return pd.DataFrame(rows, columns=["width", "best", "margin", "spread", "status"])
+
+
+def stage_seconds(results: Iterable[RunResult], by: Sequence[str] = ("method",)) -> pd.DataFrame:
+    """Mean wall-clock seconds per round of every engine stage (``timings.csv``: ``configure``, ``local_train``,
+    ``aggregate``, ``evaluate``), one row per ``by`` group, averaged over the rounds of all its runs.
+
+    ``local_train`` is the sum over the round's clients (they train one after another in the simulation);
+    ``local_per_client`` divides it by the clients per round; ``server_share`` is
+    (configure + aggregate) / local_train and ``server_share_per_client`` the same against one client's training
+    (clients training in parallel, as in a deployment). ``evaluate`` is averaged over the rounds that evaluated.
+    Diverged runs are left out (their last round has no aggregation)."""
+    frames = []
+    for r in results:
+        if r.diverged:
+            continue
+        t = r.timings.groupby("stage")["seconds"].mean()
+        frames.append({**{b: getattr(r.config, b) for b in by}, **t.to_dict(),
+                       "clients_per_round": r.config.clients_per_round, "torch_threads": r.summary.get(
+                           "torch_threads")})
+    if not frames:
+        raise ValueError("no finished (non-diverged) run among results")
+    table = pd.DataFrame(frames).groupby(list(by), sort=False).mean(numeric_only=True).reset_index()
+    for stage in ("configure", "aggregate", "evaluate"):
+        if stage not in table:
+            table[stage] = 0.0
+    table["local_per_client"] = table["local_train"] / table["clients_per_round"]
+    server = table["configure"] + table["aggregate"]
+    table["server_share"] = server / table["local_train"]
+    table["server_share_per_client"] = server / table["local_per_client"]
+    return table[[*by, "configure", "aggregate", "local_train", "local_per_client", "evaluate", "server_share",
+                  "server_share_per_client", "torch_threads"]]
+
+
+def svd_refresh_seconds(model: torch.nn.Module, repeats: int = 3) -> pd.DataFrame:
+    """Wall-clock seconds of the spectral methods' orthogonal-space refresh — the thin float64 SVD
+    (:func:`~subfl.models.factorized.svd_factors`) — of every decomposed layer of ``model``: the median of
+    ``repeats`` calls per layer, with the layer's ``(n, m)`` matrix shape. A measurement for the runtime page,
+    not a benchmark (use ``benchmarks/bench_spectral_server.py`` for that)."""
+    import statistics
+    import time
+
+    from ..models.factorized import layer_specs, svd_factors
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    rows = []
+    for name, spec in layer_specs(model).items():
+        matrix = model.get_submodule(name).weight.detach().reshape(spec.out_features, spec.in_features)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            svd_factors(matrix)
+            times.append(time.perf_counter() - start)
+        rows.append({"layer": name, "shape": f"{spec.out_features} × {spec.in_features}",
+                     "seconds": statistics.median(times)})
+    return pd.DataFrame(rows, columns=["layer", "shape", "seconds"])
