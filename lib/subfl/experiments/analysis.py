@@ -197,3 +197,63 @@ def svd_refresh_seconds(model: torch.nn.Module, repeats: int = 3) -> pd.DataFram
         rows.append({"layer": name, "shape": f"{spec.out_features} × {spec.in_features}",
                      "seconds": statistics.median(times)})
     return pd.DataFrame(rows, columns=["layer", "shape", "seconds"])
+
+
+def upload_savings(results: Iterable[RunResult], *, reference: str = "fedavg", by: Sequence[str] = ("method",),
+                   model: torch.nn.Module | None = None) -> pd.DataFrame:
+    """What one client uploads in one round, by group of runs, and the saving against the ``reference`` method.
+
+    Read from every run's ledger: the tensor rows sent up (the JSON ``__config__`` row left out), summed per
+    (round, client). One row per ``by`` group (``by`` must name ``"method"``), in the order the runs come in:
+
+    * ``client_rounds`` — the (round, client) uploads seen in the group's runs;
+    * ``bytes_up`` — their mean bytes; ``saving_bytes`` = 1 − bytes_up / bytes_up of the ``reference`` group with the
+      same values of the other ``by`` fields (FedAvg uploads the whole model, so this is what a device saves);
+    * with ``model`` (the runs' network): ``layers_up`` — the mean number of layers uploaded, a layer being a unit of
+      :func:`subfl.methods.fedp3.layer_units` (read with :func:`subfl.costs.layer_subsets.upload_audit`), and
+      ``saving_layers`` likewise — the way FedP3 counts its savings (LowerB / OPU2 / OPU3: 60 / 40 / 20 % of a
+      five-layer CNN).
+
+    Raises ``ValueError`` when ``by`` lacks ``"method"`` or a group has no ``reference`` runs to compare with.
+    """
+    by, results = list(by), list(results)
+    if "method" not in by:
+        raise ValueError(f"by must name 'method' (the reference is a method), got by={by!r}")
+    if not results:
+        raise ValueError("results is empty: no run to read uploads from")
+    if model is not None:
+        from ..costs.layer_subsets import upload_audit
+    rows = []
+    for r in results:
+        ledger = r.ledger
+        up = ledger[(ledger.direction == "up") & (ledger.name != "__config__")]
+        per = up.groupby(["round", "client"])["bytes"].sum()
+        row = {**{b: getattr(r.config, b) for b in by}, "client_rounds": len(per), "bytes_total": float(per.sum())}
+        if model is not None:
+            row["layers_total"] = float(upload_audit(ledger, model).units_up.map(len).sum())
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    sums = ["client_rounds", "bytes_total"] + (["layers_total"] if model is not None else [])
+    table = frame.groupby(by, sort=False)[sums].sum().reset_index()
+    table["bytes_up"] = table["bytes_total"] / table["client_rounds"]
+    if model is not None:
+        table["layers_up"] = table["layers_total"] / table["client_rounds"]
+    others = [b for b in by if b != "method"]
+    ref = table[table["method"] == reference]
+    columns = ["bytes_up"] + (["layers_up"] if model is not None else [])
+    keyed = ref[others + columns].rename(columns={c: f"{c}_reference" for c in columns})
+    table = table.merge(keyed, on=others, how="left") if others else table.assign(
+        **{f"{c}_reference": (ref[c].iloc[0] if len(ref) else float("nan")) for c in columns})
+    missing = table[table["bytes_up_reference"].isna()]
+    if len(missing):
+        raise ValueError(f"no {reference!r} runs to compare with for the group(s) "
+                         f"{missing[by].to_dict('records')}; reference={reference!r} must be among the methods")
+    table["saving_bytes"] = 1.0 - table["bytes_up"] / table["bytes_up_reference"]
+    out = [*by, "client_rounds", "bytes_up", "saving_bytes"]
+    if model is not None:
+        table["saving_layers"] = 1.0 - table["layers_up"] / table["layers_up_reference"]
+        out += ["layers_up", "saving_layers"]
+    return table[out]
+
+
+__all__ += ["upload_savings"]

@@ -4,8 +4,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from .config import ExperimentConfig, make_config
+from torch import nn
+
 from ..models.registry import model_spec
+from .config import ExperimentConfig, make_config
 from .runner import RunResult, run_seeds
 
 # CIFAR-10 reference at the cpu scale: the FedAvg CNN at full width (a narrowed ResNet-18 is ~15× slower per
@@ -163,3 +165,100 @@ def spectral_runs(keep: str = "r0.2", *, seeds: Sequence[int] = (0, 1), scale: s
     configs = [spectral_config(m, keep, scale=scale) for m in methods]
     configs += [spectral_config(m, keep, scale=scale, lr=SPECTRAL_LOW_LR) for m in low_lr_methods]
     return [r for cfg in configs for r in run_seeds(cfg, seeds, data_root=data_root)]
+
+
+# ---- FedP3 chapter -------------------------------------------------------------------------------------------
+FEDP3_SPLITS = {"S1": dict(partition="k_classes", classes_per_client=5),
+                "S2": dict(partition="dirichlet_allocation", alpha=0.5),
+                "iid": dict(partition="iid")}
+"""Data splits of the FedP3 chapter (Sec. 5 of FedP3): ``S1`` class-wise, every client holds 5 classes; ``S2`` Dirichlet
+allocation with concentration 0.5 (per class, proportions over the clients ~ Dir(0.5); clients of unequal size);
+``iid`` is not one of the paper's splits: it is the book's reference for the full-model FedAvg bar."""
+
+FEDP3_FIG2_SPLITS = ("S1", "S2")
+"""The splits of FedP3's Fig. 2."""
+
+FEDP3_FIG2_METHODS = ("fedavg", "lowerb", "opu2", "opu3")
+"""Fig. 2's methods: full-model FedAvg and the layer-overlap variants LowerB / OPU2 / OPU3 (the FFC plus 1 / 2 / 3 other
+layers, drawn per client and round; :mod:`subfl.methods.fedp3`)."""
+
+FEDP3_LOCAL_TEST_FRACTION = 0.3
+"""FedP3's personalised evaluation (Sec. 5): each client's data split 70/30 into local train and local test sets."""
+
+FEDP3_MODELS = {"fmnist": "fedp3_cnn", "cifar10": "fedp3_cnn", "femnist": "fedp3_mlp"}
+"""The network of each dataset: the CNN of FedP3's Table 4 on Fashion-MNIST and CIFAR-10; on FEMNIST (letters, case
+merged: 26 classes, standing in for the paper's EMNIST-L) the paper's EMNIST-L MLP 784-1024-1024-1024-26."""
+
+FEDP3_NUM_CLASSES = {"fmnist": 10, "cifar10": 10, "femnist": 26}
+"""Classes of each dataset as the FedP3 chapter loads it (FEMNIST: 26 case-merged letters)."""
+
+_FEDP3_DATASET_OPTIONS = {"femnist": dict(letters_only=True, merge_case=True)}
+
+# Fashion-MNIST at the cpu scale: the Fashion-MNIST preset (100 clients of 600 images, 10 per round, 2 local epochs,
+# 30 rounds, SGD lr 0.02 with momentum 0.9, batch 32) with the Table 4 CNN at width 0.25 (16 channels, FC 256) and
+# evaluation every 5 rounds (each evaluation scores the global test set and all 100 local test sets: 28,000 images).
+# Probes of full-model FedAvg with the 70/30 local split, one torch thread, on a 2-core machine whose other core was busy
+# (measured):
+#   width 0.25, iid, 30 rounds: global accuracy 0.737 / 0.783 / 0.816 / 0.844 / 0.848 / 0.861 at rounds 5…30 (local
+#     0.749 … 0.866); 96 s in all — 2.4 s of local training per round, 3.8 s per evaluation;
+#   5 rounds, iid: width 0.25 → 0.737, 0.375 → 0.743, 0.5 → 0.747 global accuracy (1.7 / 4.9 / 3.7 s of local training per
+#     round; the differences in time are mostly the other processes' load);
+#   width 0.5, S1, 2 rounds: 6.4 s of local training per round, 8.6 s per evaluation (width 0.25: 3.4 s and 3.6 s);
+#   width 0.25, 3 rounds: LowerB on S2 2.1 s of local training per round, OPU3 on S1 2.8 s.
+# Width barely moves the accuracy at this scale while the cost roughly doubles from 0.25 to 0.5, so the chapter runs 0.25:
+# about 1.5–2.5 min per run on one core.
+_FEDP3_CPU = {"fmnist": dict(width=0.25, eval_every=5),
+              "cifar10": dict(width=0.25, **{**_CIFAR10_CPU, "eval_every": 5}),
+              "femnist": dict(width=1.0, num_clients=20, eval_every=5)}
+# CIFAR-10 at the cpu scale: chapter 1's sizes (20 clients of 1 000 images, 10 per round, 2 local epochs, 40 rounds, cosine
+# lr 0.02, weight decay 5e-4) with the Table 4 CNN at width 0.25. One probe round of FedAvg on S1: 7.3 s of local training,
+# 2.9 s per evaluation (measured, one thread), so about 5 min per run.
+# FEMNIST at the cpu scale: the FEMNIST preset (10 clients per round, 2 local epochs, 40 rounds, lr 0.05 with momentum
+# 0.9) with the MLP at full width and 20 clients instead of the preset's 105 writers: the 4,112 letter images split 105
+# ways leave a client ~27 training images. 5-round probes of FedAvg (measured): S1 with 105 clients 0.075 global accuracy
+# (1.0 s of local training per round), with 20 clients 0.119 (2.5 s per round); iid with 20 clients 0.252. About 2 min
+# per run.
+
+
+def fedp3_config(method: str, split: str = "S1", *, dataset: str = "fmnist", scale: str = "cpu", seed: int = 0,
+                 **method_options) -> ExperimentConfig:
+    """One run of the FedP3 chapter: ``method`` (e.g. one of :data:`FEDP3_FIG2_METHODS`) on split ``split``
+    (:data:`FEDP3_SPLITS`) of ``dataset`` (:data:`FEDP3_MODELS`), with FedP3's personalised evaluation
+    (:data:`FEDP3_LOCAL_TEST_FRACTION`: the history gets ``local_accuracy`` beside the global ``accuracy``).
+    ``method_options`` go to the method (e.g. ``global_keep=0.9``); none are set by default, so the FedP3 variants run
+    without global or local pruning and with simple per-layer averaging.
+
+    Sizes: the scale's preset for the dataset, then the chapter's cpu sizes (see the comments above). At the ``paper``
+    scale the networks run at full width; at ``ci`` at the preset's width 0.25."""
+    if split not in FEDP3_SPLITS:
+        raise ValueError(f"split={split!r} is not valid; accepted: {', '.join(FEDP3_SPLITS)}")
+    if dataset not in FEDP3_MODELS:
+        raise ValueError(f"dataset={dataset!r} has no FedP3 setting; accepted: {', '.join(FEDP3_MODELS)}")
+    sizes = dict(_FEDP3_CPU[dataset]) if scale == "cpu" else {}
+    options = _FEDP3_DATASET_OPTIONS.get(dataset, {})
+    return make_config(method, dataset, FEDP3_MODELS[dataset], scale=scale, seed=seed,
+                       local_test_fraction=FEDP3_LOCAL_TEST_FRACTION, method_options=method_options,
+                       dataset_options=options, **FEDP3_SPLITS[split], **sizes)
+
+
+def fedp3_runs(split: str = "S1", *, methods: Sequence[str] = FEDP3_FIG2_METHODS, seeds: Sequence[int] = (0,),
+               dataset: str = "fmnist", scale: str = "cpu", data_root: str | Path | None = None,
+               **method_options) -> list[RunResult]:
+    """Every ``method`` × ``seed`` of one FedP3-chapter split (:func:`fedp3_config`), run or read from the cache.
+    ``method_options`` go to every method except ``fedavg`` (the full-model reference takes none)."""
+    return [r for m in methods for r in run_seeds(
+        fedp3_config(m, split, dataset=dataset, scale=scale, **({} if m == "fedavg" else method_options)), seeds,
+        data_root=data_root)]
+
+
+def fedp3_model(config: ExperimentConfig) -> nn.Module:
+    """The network of a FedP3-chapter run of ``config`` (freshly initialised), e.g. to count the layers of its uploads
+    (:func:`subfl.experiments.analysis.upload_savings`)."""
+    if config.dataset not in FEDP3_NUM_CLASSES:
+        raise ValueError(f"config.dataset={config.dataset!r} has no FedP3 setting; accepted: "
+                         f"{', '.join(FEDP3_NUM_CLASSES)}")
+    from ..models import build_model
+    from .analysis import IMAGE_SHAPES
+    return build_model(config.model, num_classes=FEDP3_NUM_CLASSES[config.dataset],
+                       input_shape=IMAGE_SHAPES[config.dataset], width=config.width, norm=config.norm,
+                       **dict(config.model_options))
