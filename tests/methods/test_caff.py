@@ -300,3 +300,53 @@ def test_vit_pipeline_pretrained_on_disjoint_cifar10_classes():
     assert {n.split(".")[1] for n in up[up.client == 0].name if n.startswith("blocks.")} == {"2"}
     assert {n.split(".")[1] for n in up[up.client == 1].name if n.startswith("blocks.")} == {"0", "1", "2"}
     assert not up.name.str.contains("embedding|cls_token").any()
+
+
+# ----- option trained_layers: every device trains the same F_l^t (CAFF's Fig. 1) ----------------------------------
+def test_fixed_trained_layers_every_device_uploads_exactly_the_last_t_blocks():
+    ctx = _ctx()
+    method = CAFF(pretrained=_pretrained(), architecture=3, layers=[3], trained_layers=2)
+    data = _lm_dataset()
+    parts = np.array_split(np.arange(len(data.train)), 4)
+    result = run_simulation(method, data, parts, Heterogeneity(), ctx,
+                            EngineSettings(rounds=2, clients_per_round=4, seed=0), progress=False)
+    ledger = result.ledger.to_frame()
+    up = ledger[(ledger.direction == "up") & (ledger.name != "__config__")]
+    assert up.groupby(["round", "client"]).ngroups == 8
+    for _, rows in up.groupby(["round", "client"]):
+        assert {int(n.split(".")[1]) for n in rows.name if n.startswith("blocks.")} == {1, 2}
+        assert not rows.name.str.contains("embedding").any()
+        # a block of width 12: q, k, v, proj 4 x (144 + 12) + fc1 (576 + 48) + fc2 (576 + 12) + 2 LayerNorms x 24
+        # = 1,884; two blocks + the final LayerNorm (24) + the head (32 x 12, no bias) = 4,176 float32 = 16,704 bytes
+        assert rows.bytes.sum() == 4 * (2 * 1884 + 24 + 32 * 12) == 16_704
+    history = result.history.to_frame()
+    assert set(history[history.metric == "trained_layers"].value) == {2.0}
+    final = result.state["weights"]
+    assert torch.equal(final["blocks.0.attn.q.weight"], _pretrained()[3]["blocks.0.attn.q.weight"])   # frozen
+    assert not torch.equal(final["blocks.1.attn.q.weight"], _pretrained()[3]["blocks.1.attn.q.weight"])
+
+
+def test_fixed_trained_layers_overrides_the_budget_choice_and_checks_budgets():
+    table = hand_table()
+    ctx = _ctx()
+    method = CAFF(pretrained={3: Factory()(layers=3).state_dict()}, resource_table=table, layers=[3], architecture=3,
+                  trained_layers=1)
+    state = method.init(ctx)
+    tasks = method.configure(state, 1, [ClientProfile(0), ClientProfile(1, memory_mb=14)], ctx)
+    assert {c: t.config["trained_layers"] for c, t in tasks.items()} == {0: 1, 1: 1}   # budgets alone: 3 and 2
+    fixed3 = CAFF(pretrained={3: Factory()(layers=3).state_dict()}, resource_table=table, layers=[3], architecture=3,
+                  trained_layers=3)
+    with pytest.raises(ValueError, match=r"device 1 cannot train F_3\^3 \(option trained_layers=3\): it exceeds "
+                                         r"memory \(needs 18 MB for t=3, has 14 MB\)"):
+        fixed3.configure(fixed3.init(ctx), 1, [ClientProfile(0), ClientProfile(1, memory_mb=14)], ctx)
+
+
+def test_fixed_trained_layers_option_is_checked():
+    assert CAFF(pretrained="none", architecture=6, trained_layers=6).config["trained_layers"] == 6
+    with pytest.raises(ValueError, match="option trained_layers=2 needs option architecture"):
+        CAFF(pretrained="none", trained_layers=2)
+    with pytest.raises(ValueError, match=r"option trained_layers=4 exceeds architecture=3: accepted 1..3"):
+        CAFF(pretrained="none", architecture=3, trained_layers=4)
+    for bad in (0, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="option trained_layers must be an int >= 1"):
+            CAFF(pretrained="none", architecture=3, trained_layers=bad)

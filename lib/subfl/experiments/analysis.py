@@ -257,3 +257,164 @@ def upload_savings(results: Iterable[RunResult], *, reference: str = "fedavg", b
 
 
 __all__ += ["upload_savings"]
+
+
+# ---- CAFF chapter: the fixed finetuning configurations of Fig. 1 ------------------------------------------------
+def finetuning_setting(config: ExperimentConfig) -> dict[str, int | str]:
+    """The one configuration every device of a run trains, in :func:`subfl.costs.finetuning.resource_table`'s terms:
+    ``{"layers": l, "scheme": "freeze", "trained": t, "rank": 0}`` for ``caff`` with method options ``architecture =
+    l`` and ``trained_layers = t`` (CAFF's ``F_l^t``); ``{"layers": l, "scheme": "lora", "trained": l, "rank": r}``
+    for ``hetlora`` with ``architecture = l`` and one rank, ``ranks = (r,)``. ``ValueError`` for any other run (its
+    devices may train different configurations)."""
+    options = dict(config.method_options)
+    layers = options.get("architecture")
+    if config.method == "caff" and layers is not None and options.get("trained_layers") is not None:
+        return {"layers": int(layers), "scheme": "freeze", "trained": int(options["trained_layers"]), "rank": 0}
+    ranks = options.get("ranks")
+    if config.method == "hetlora" and layers is not None and ranks is not None and len(tuple(ranks)) == 1:
+        return {"layers": int(layers), "scheme": "lora", "trained": int(layers), "rank": int(tuple(ranks)[0])}
+    raise ValueError(f"config is not a fixed finetuning configuration: accepted are method 'caff' with method options "
+                     f"architecture and trained_layers, and 'hetlora' with architecture and a single rank in ranks; "
+                     f"got method={config.method!r}, method_options={options}")
+
+
+def _optimizer_state(config: ExperimentConfig) -> str:
+    """The optimiser state :func:`subfl.costs.training_memory` counts for ``config``'s optimiser (as the methods do)."""
+    if config.optimizer == "sgd":
+        return "sgd_momentum" if config.momentum > 0 else "sgd"
+    return config.optimizer
+
+
+def finetuning_costs(configs: Iterable[ExperimentConfig]) -> pd.DataFrame:
+    """Measured costs of the configurations ``configs`` train (:func:`finetuning_setting`), one row per distinct
+    setting, with :func:`subfl.costs.finetuning.resource_table`'s columns (peak training memory MB, upload MB of the
+    trained parameters, GFLOPs per mini-batch). Measured on the runs' own mini-batch — ``batch_size`` windows of the
+    dataset option ``seq_len`` tokens (default 256) — for the runs' model (``model``, ``width``, ``model_options``,
+    vocabulary = dataset option ``vocab_size``, default 2048) and optimiser state (AdamW: two moments). Costs depend
+    on shapes only: no weights or data are loaded. ``ValueError`` when the configs differ in any of these."""
+    from ..costs.finetuning import TABLE_COLUMNS, example_batch, resource_table
+    from ..models import build_model
+
+    configs = list(configs)
+    if not configs:
+        raise ValueError("configs is empty; give at least one fixed finetuning configuration")
+    shapes = {(c.batch_size, dict(c.dataset_options).get("seq_len", 256), dict(c.dataset_options).get("vocab_size", 2048),
+               _optimizer_state(c), c.model, c.width, c.model_options) for c in configs}
+    if len(shapes) > 1:
+        raise ValueError(f"configs differ in (batch_size, seq_len, vocab_size, optimizer, model, width, model_options): "
+                         f"{sorted(shapes, key=str)}; measure each group separately")
+    batch_size, seq_len, vocab, optimizer, model, width, model_options = shapes.pop()
+    wanted: dict[int, tuple[set[int], set[int]]] = {}
+    for c in configs:
+        s = finetuning_setting(c)
+        trained, ranks = wanted.setdefault(int(s["layers"]), (set(), set()))
+        (trained if s["scheme"] == "freeze" else ranks).add(int(s["trained"] if s["scheme"] == "freeze" else s["rank"]))
+    frames = []
+    for layers, (trained, ranks) in sorted(wanted.items()):
+        net = build_model(model, num_classes=vocab, input_shape=(seq_len,), width=width,
+                          **{**dict(model_options), "layers": layers})
+        frames.append(resource_table({layers: net}, example_batch(net, batch_size, length=seq_len),
+                                     trained_layers=sorted(trained), lora_ranks=sorted(ranks, reverse=True),
+                                     optimizer=optimizer))
+    return pd.concat(frames, ignore_index=True)[list(TABLE_COLUMNS)]
+
+
+def finetuning_table(results: Iterable[RunResult], costs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per fixed finetuning configuration among ``results`` (:func:`finetuning_setting`), in the order the runs
+    come: ``layers, scheme, trained, rank``; the measured costs (``costs``: a :func:`finetuning_costs` table, by
+    default measured for the runs' configs) as ``memory_mb`` (peak training memory), ``mflops`` (MFLOPs per
+    mini-batch) and ``upload_kb`` (kB = 10³ bytes a device sends per round); ``ledger_upload_kb``, the tensor bytes a
+    device actually sent per round in the runs' ledgers (mean over client-rounds; equal to ``upload_kb`` when only
+    the trained parameters travel); the final ``accuracy`` and ``perplexity`` (mean over seeds, NaN for a diverged
+    run), their ``*_std`` (NaN with one seed), ``seeds`` and ``diverged`` (runs)."""
+    results = list(results)
+    if not results:
+        raise ValueError("results is empty")
+    keys = ["layers", "scheme", "trained", "rank"]
+    rows = []
+    for r in results:
+        ledger = r.ledger
+        up = ledger[(ledger.direction == "up") & (ledger.name != "__config__")]
+        rows.append({**finetuning_setting(r.config), "accuracy": r.final("accuracy"),
+                     "perplexity": r.final("perplexity"), "diverged": int(r.diverged),
+                     "ledger_upload_kb": float(up.groupby(["round", "client"])["bytes"].sum().mean()) / 1e3})
+    runs = pd.DataFrame(rows)
+    grouped = runs.groupby(keys, sort=False)
+    table = grouped[["accuracy", "perplexity", "ledger_upload_kb"]].mean()
+    table["accuracy_std"] = grouped["accuracy"].std()
+    table["perplexity_std"] = grouped["perplexity"].std()
+    table["seeds"] = grouped.size()
+    table["diverged"] = grouped["diverged"].sum()
+    table = table.reset_index()
+    costs = finetuning_costs([r.config for r in results]) if costs is None else costs
+    measured = costs[keys].assign(memory_mb=costs["memory_mb"], mflops=costs["gflops"] * 1e3,
+                                  upload_kb=costs["upload_mb"] * 1e3)
+    table = table.merge(measured, on=keys, how="left", validate="one_to_one")
+    missing = table[table["memory_mb"].isna()]
+    if len(missing):
+        raise ValueError(f"costs has no row for {missing[keys].to_dict(orient='records')}")
+    return table[[*keys, "memory_mb", "mflops", "upload_kb", "ledger_upload_kb", "accuracy", "accuracy_std",
+                  "perplexity", "perplexity_std", "seeds", "diverged"]]
+
+
+def best_within_cost(table: pd.DataFrame, cost: str, *, scheme: str = "freeze", rival: str = "lora",
+                     metric: str = "accuracy", higher_is_better: bool = True) -> pd.DataFrame:
+    """For every ``rival`` configuration of a :func:`finetuning_table`, the best ``scheme`` configuration that costs
+    at most as much (column ``cost``, e.g. ``memory_mb``): CAFF's Fig. 1 question "at the same memory / FLOPs /
+    upload, which scheme is more accurate?". One row per rival (``layers, rank, cost, metric``) with the best
+    ``scheme`` configuration within its cost (``best_layers, best_trained, best_cost, best_metric``; NaN when none is
+    that cheap) and ``margin`` = best − rival (sign flipped when lower is better, so a positive margin always means
+    ``scheme`` is ahead)."""
+    for column in (cost, metric, "scheme", "layers", "trained", "rank"):
+        if column not in table.columns:
+            raise ValueError(f"table has no column {column!r}; give a finetuning_table (columns "
+                             f"{list(table.columns)})")
+    mine, theirs = table[table["scheme"] == scheme], table[table["scheme"] == rival]
+    if mine.empty or theirs.empty:
+        raise ValueError(f"table needs rows of scheme {scheme!r} and of {rival!r}; it has "
+                         f"{sorted(set(table['scheme']))}")
+    sign = 1.0 if higher_is_better else -1.0
+    rows = []
+    for _, other in theirs.iterrows():
+        within = mine[mine[cost] <= other[cost]]
+        row = {"layers": int(other["layers"]), "rank": int(other["rank"]), cost: float(other[cost]),
+               metric: float(other[metric]), "best_layers": float("nan"), "best_trained": float("nan"),
+               f"best_{cost}": float("nan"), f"best_{metric}": float("nan"), "margin": float("nan")}
+        if len(within):
+            best = within.loc[(sign * within[metric]).idxmax()]
+            row.update({"best_layers": int(best["layers"]), "best_trained": int(best["trained"]),
+                        f"best_{cost}": float(best[cost]), f"best_{metric}": float(best[metric]),
+                        "margin": sign * (float(best[metric]) - float(other[metric]))})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def pretrained_zero_shot(config: ExperimentConfig, depths: Sequence[int] | None = None,
+                         data_root: str | None = None) -> pd.DataFrame:
+    """The pretrained models ``F_l``, not finetuned, scored on the test windows a run of ``config`` is scored on
+    (:func:`~subfl.experiments.prepare_data`: the same subset) with the engine's evaluation (next-token accuracy and
+    cross-entropy at the last position of each window; perplexity = exp(loss)). Weights: the pretraining scale of the
+    method option ``pretrained`` (``"ci"``, ``"cpu"``, ``"paper"``; :func:`subfl.experiments.pretraining.pretrain`,
+    read from its cache or trained); ``depths`` default to the config's own (:func:`finetuning_setting`). One row
+    per depth: ``layers, accuracy, loss, perplexity``."""
+    from ..fl.training import evaluate
+    from ..models.transformers import load_pretrained
+    from .pretraining import pretrain, preset
+    from .runner import ModelFactory, prepare_data
+
+    source = dict(config.method_options).get("pretrained")
+    if source not in ("ci", "cpu", "paper"):
+        raise ValueError(f"method option pretrained must be a pretraining scale ('ci', 'cpu', 'paper') to score the "
+                         f"pretrained models, got {source!r}")
+    depths = [int(finetuning_setting(config)["layers"])] if depths is None else [int(l) for l in depths]
+    dataset, test, _ = prepare_data(config, data_root)
+    factory = ModelFactory(config, dataset)
+    rows = []
+    for layers in depths:
+        model = factory(layers=layers)
+        load_pretrained(model, pretrain(preset("lm", source, layers), data_root))
+        rows.append({"layers": layers, **evaluate(model, test, task=dataset.task)})
+    return pd.DataFrame(rows, columns=["layers", "accuracy", "loss", "perplexity"])
+
+
+__all__ += ["best_within_cost", "finetuning_costs", "finetuning_setting", "finetuning_table", "pretrained_zero_shot"]

@@ -117,6 +117,112 @@ def flanc_runs(setting: str, partition: str = "iid", *, methods: Sequence[str] =
 
 
 
+# ---- CAFF chapter ----------------------------------------------------------------------------------------
+CAFF_FIG1_SCHEMES = ("layers", "lora")
+"""The two finetuning schemes of CAFF's Fig. 1: ``layers`` — every device trains the last ``t`` blocks of ``F_l``
+(plus the final LayerNorm and the head; method ``caff``, option ``trained_layers``); ``lora`` — every device trains
+LoRA adapters of one rank ``r`` on every block (method ``hetlora`` with ``ranks = (r,)``)."""
+
+CAFF_FIG1_LORA_RANKS = (24, 12, 3)
+"""The LoRA ranks of Fig. 1 (and Fig. 5)."""
+
+CAFF_FIG1_TRAINED = {
+    "ci": {3: (1, 3)},
+    "cpu": {3: (1, 2, 3), 6: (1, 3, 6), 9: (1, 3, 9)},
+    "paper": {l: tuple(range(1, l + 1)) for l in (3, 6, 9)},
+}
+"""Per scale, the trained last blocks ``t`` drawn for each depth ``l`` (``paper``: every ``t``, as the figure does).
+At the ``cpu`` scale three points per depth: ``t = 1``, the cheapest configuration (its activations are the same at
+every depth: only the last block, the head and the loss keep tensors), ``t = l``, training every block (the top of
+each curve, the memory LoRA is compared with), and ``t = 3`` (``t = 2`` for ``l = 3``), so that ``F_3^3``, ``F_6^3``
+and ``F_9^3`` train the same number of blocks on deeper frozen bases — the points that say whether a deeper
+pretrained model is worth its frozen weights at equal trained depth."""
+
+# Fig. 1 at the cpu scale: the first 100 roles of >= 1,000 tokens of Shakespeare (373,002 tokens; one client per role,
+# 107 / 327 / 2,465 training windows min / median / max), 64-token windows every 8 tokens (41,239 train windows; 2,000
+# of the 4,633 windows of the roles' last 10 % as the test set; roles of fewer tokens gave clients of 1-9 windows),
+# 5 clients per round, 5 local AdamW steps of 16 windows, 20 rounds (500 client steps in all), evaluation every 10
+# rounds. Measured with one thread on the busy 2-core machine (other runs on both cores): a 20-round run of F_3^3
+# with four evaluations took 96 s (65 s training, 24 s evaluating), LoRA r = 12 on F_3 81 s (48 s + 26 s); two
+# rounds of the most expensive configurations on F_9 took 0.24 s per step and 15.7 s per evaluation (LoRA r = 24)
+# and 0.19 s and 9.7 s (F_9^9), i.e. about 2.6 and 2.0 single-core minutes for 20 rounds with two evaluations. The
+# 18 runs of Fig. 1 at seed 0: about 30-35 single-core minutes.
+# Learning rate (constant, AdamW, no weight decay), 20-round probes, test perplexity (pretrained F_3 before
+# finetuning: 132.6): F_3^3 at 3e-4: 117.1, 113.4, 110.2, 108.8 at rounds 5, 10, 15, 20 (still falling); at 1e-3:
+# 112.4, 109.8, 111.3, 114.1 (no gain after round 10); at 3e-3 worse every round (145.5 at round 20 on all roles).
+# LoRA r = 12 on F_3 at 3e-4: 122.8, 119.1, 115.7, 114.0; at 1e-3 (all 100 first roles, pretrained 126.3): 112.1,
+# 110.8, 111.2, 115.2; at 3e-3: 148.4. One learning rate for every configuration, 3e-4, the one at which layer
+# finetuning keeps improving; LoRA learns more slowly at it (at 1e-3 it is faster early, then drifts) — a lr sweep
+# per scheme is the first thing to add at the paper scale.
+_CAFF_FIG1_SIZES = {
+    "ci": dict(num_clients=4, clients_per_round=2, rounds=2, local_steps=2, batch_size=4, eval_every=1,
+               max_train_samples=None, max_test_samples=64, lr=3e-4,
+               dataset_options=dict(seq_len=32, stride=16, max_users=4)),
+    "cpu": dict(num_clients=100, clients_per_round=5, rounds=20, local_steps=5, batch_size=16, eval_every=10,
+                max_test_samples=2000, lr=3e-4, dataset_options=dict(seq_len=64, stride=8, max_users=100,
+                                                                      min_tokens=1000)),
+    # our sizes with the paper's mini-batch (16 x 256 tokens, Fig. 5); the paper's federated hyper-parameters for
+    # Fig. 1 are not in our notes
+    "paper": dict(num_clients=100, clients_per_round=10, rounds=100, local_steps=20, batch_size=16, eval_every=10,
+                  max_test_samples=5000, lr=3e-4, device="cuda",
+                  dataset_options=dict(seq_len=256, stride=32, max_users=100, min_tokens=1000)),
+}
+
+
+def caff_fig1_depths(scale: str = "cpu") -> tuple[int, ...]:
+    """The depths ``l`` of Fig. 1 at ``scale`` (those of :data:`CAFF_FIG1_TRAINED`; each has pretrained weights)."""
+    if scale not in CAFF_FIG1_TRAINED:
+        raise ValueError(f"scale={scale!r} is not valid; accepted: {', '.join(CAFF_FIG1_TRAINED)}")
+    return tuple(CAFF_FIG1_TRAINED[scale])
+
+
+def caff_fig1_config(scheme: str, layers: int, trained_or_rank: int, *, scale: str = "cpu",
+                     seed: int = 0) -> ExperimentConfig:
+    """One point of CAFF's Fig. 1: federated finetuning of the pretrained ``layers``-block language model on
+    Shakespeare (``shakespeare_tokens``, one client per role) where every device trains the same configuration —
+    ``scheme="layers"``: the last ``trained_or_rank = t`` blocks (``F_l^t``, method ``caff``); ``scheme="lora"``:
+    LoRA of rank ``trained_or_rank = r`` on every block (method ``hetlora``). Pretrained weights and tokenizer: the
+    language-model family of :mod:`subfl.experiments.pretraining` at the same scale. Sizes: ``_CAFF_FIG1_SIZES``."""
+    if scheme not in CAFF_FIG1_SCHEMES:
+        raise ValueError(f"scheme={scheme!r} is not valid; accepted: {', '.join(CAFF_FIG1_SCHEMES)}")
+    depths = caff_fig1_depths(scale)
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers not in depths:
+        raise ValueError(f"layers={layers!r} is not valid at scale {scale!r}; accepted: "
+                         f"{', '.join(map(str, depths))} (the depths with pretrained weights)")
+    if isinstance(trained_or_rank, bool) or not isinstance(trained_or_rank, int) or trained_or_rank < 1 or (
+            scheme == "layers" and trained_or_rank > layers):
+        accepted = f"an int in 1..{layers} (trained last blocks)" if scheme == "layers" else \
+            f"an int >= 1 (LoRA rank; Fig. 1 uses {', '.join(map(str, CAFF_FIG1_LORA_RANKS))})"
+        raise ValueError(f"trained_or_rank={trained_or_rank!r} is not valid for scheme={scheme!r}; accepted: {accepted}")
+    from .pretraining import preset as pretrain_preset  # the tokenizer of the pretrained family
+
+    pretraining = pretrain_preset("lm", scale)
+    sizes = dict(_CAFF_FIG1_SIZES[scale])
+    data = dict(sizes.pop("dataset_options"), vocab_size=pretraining.vocab_size,
+                tokenizer_max_chars=pretraining.tokenizer_max_chars)
+    if scheme == "layers":
+        method, options = "caff", dict(architecture=layers, layers=(layers,), trained_layers=trained_or_rank)
+    else:
+        method, options = "hetlora", dict(architecture=layers, ranks=(trained_or_rank,))
+    return make_config(method, "shakespeare_tokens", "tiny_gpt", "natural", scale=scale, seed=seed, width=1.0,
+                       optimizer="adamw", weight_decay=0.0, local_epochs=1, lr_schedule="constant",
+                       method_options=dict(pretrained=scale, **options), dataset_options=data, **sizes)
+
+
+def caff_fig1_configs(*, scale: str = "cpu", seed: int = 0) -> list[ExperimentConfig]:
+    """Every point of Fig. 1 at ``scale``: per depth of :data:`CAFF_FIG1_TRAINED`, layer finetuning at each of its
+    ``t``, then LoRA at each rank of :data:`CAFF_FIG1_LORA_RANKS` (``ci``: rank 3 only)."""
+    ranks = (3,) if scale == "ci" else CAFF_FIG1_LORA_RANKS
+    return [caff_fig1_config(scheme, l, k, scale=scale, seed=seed) for l in caff_fig1_depths(scale)
+            for scheme, values in (("layers", CAFF_FIG1_TRAINED[scale][l]), ("lora", ranks)) for k in values]
+
+
+def caff_fig1_runs(*, seeds: Sequence[int] = (0,), scale: str = "cpu",
+                   data_root: str | Path | None = None) -> list[RunResult]:
+    """Every run of Fig. 1 (:func:`caff_fig1_configs`) for every seed, run or read from the cache."""
+    return [r for cfg in caff_fig1_configs(scale=scale) for r in run_seeds(cfg, seeds, data_root=data_root)]
+
+
 # ---- Spectral sharding and PriSM chapters -------------------------------------------------------------------
 SPECTRAL_KEEP = {"r0.1": "0.1", "r0.2": "0.2", "mixed": "0.2:0.6,0.4:0.4", "r1": "1.0"}
 """Keep-ratio settings of spectral sharding's Table 1 (homogeneous r = 0.1 / 0.2; 60 % of the clients at 0.2 and

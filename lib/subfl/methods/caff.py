@@ -31,6 +31,12 @@ a dict's ``device`` key is the client id, its position in the list by default), 
 population, and a later device that cannot train one layer of the chosen ``F_l`` raises ``ValueError`` naming its
 binding constraint). Option ``architecture`` fixes ``l`` (only the ``t_c`` are chosen).
 
+Fixed configurations (option ``trained_layers``, CAFF's Fig. 1). With ``trained_layers = t`` (and ``architecture =
+l``, which it requires; ``1 ≤ t ≤ l``) every device trains exactly the last ``t`` blocks of ``F_l`` — the
+configuration ``F_l^t`` — instead of the largest ``t_c`` within its budgets. Budgets, when given, still apply: a
+device whose budgets ``F_l^t`` exceeds raises ``ValueError`` naming the binding constraint. Fig. 1 finetunes every
+device with the same ``F_l^t``, one point of its layer-finetuning curves per ``(l, t)``.
+
 Pretrained weights (option ``pretrained``, else ``ServerContext.extra["pretrained"]``):
 
 * a mapping ``{l: state_dict}`` (the candidate depths are its keys, unless option ``layers`` narrows them);
@@ -189,13 +195,15 @@ class CAFF(Method):
     """Constraint-aware federated finetuning of pretrained tiny transformers (see the module docstring).
 
     Options: ``pretrained`` (None → ``ServerContext.extra["pretrained"]``), ``layers`` (candidate depths, None →
-    all available), ``architecture`` (None → Eq. 3; an int fixes ``l``), ``devices`` (budgets of the population for
-    Eq. 2), ``budgets`` (``{group: budget dict}``), ``resource_table`` (None → measured at ``init``).
+    all available), ``architecture`` (None → Eq. 3; an int fixes ``l``), ``trained_layers`` (None → each device's
+    largest ``t_c`` within its budgets; an int ``t`` → every device trains ``F_l^t``, needs ``architecture``),
+    ``devices`` (budgets of the population for Eq. 2), ``budgets`` (``{group: budget dict}``), ``resource_table``
+    (None → measured at ``init``).
     """
 
     name = "caff"
-    options: dict = {"pretrained": None, "layers": None, "architecture": None, "devices": None, "budgets": None,
-                     "resource_table": None}
+    options: dict = {"pretrained": None, "layers": None, "architecture": None, "trained_layers": None,
+                     "devices": None, "budgets": None, "resource_table": None}
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -204,6 +212,16 @@ class CAFF(Method):
                                                         or not isinstance(self.config["architecture"], int)):
             raise ValueError(f"option architecture must be an int number of layers or None, "
                              f"got {self.config['architecture']!r}")
+        fixed, architecture = self.config["trained_layers"], self.config["architecture"]
+        if fixed is not None:
+            if isinstance(fixed, bool) or not isinstance(fixed, int) or fixed < 1:
+                raise ValueError(f"option trained_layers must be an int >= 1 (the last t blocks every device trains) "
+                                 f"or None, got {fixed!r}")
+            if architecture is None:
+                raise ValueError(f"option trained_layers={fixed} needs option architecture (the depth l of F_l^t)")
+            if fixed > architecture:
+                raise ValueError(f"option trained_layers={fixed} exceeds architecture={architecture}: accepted "
+                                 f"1..{architecture}")
 
     # ----- helpers -----------------------------------------------------------------------------------
     def _pretrained_source(self, ctx: ServerContext) -> Any:
@@ -258,6 +276,18 @@ class CAFF(Method):
                                     "candidates": {str(k): v for k, v in selection.candidates.items()},
                                     "population": len(selection.trained), "not_loaded": skipped}})
 
+    def _fixed_trained_layers(self, table, layers: int, budget: DeviceBudget) -> int:
+        """Option ``trained_layers``' ``t``; ``ValueError`` when ``F_l^t`` exceeds one of the device's budgets."""
+        t = int(self.config["trained_layers"])
+        rows = freeze_rows(table)
+        row = rows[(rows["layers"] == int(layers)) & (rows["trained"] == t)]
+        if row.empty:
+            raise ValueError(f"resource_table has no row for F_{layers}^{t} (option trained_layers={t})")
+        if violated_constraints(row.iloc[0], budget):
+            raise ValueError(f"device {budget.device} cannot train F_{layers}^{t} (option trained_layers={t}): it "
+                             f"exceeds {exceeded(row.iloc[0], budget, f't={t}')}")
+        return t
+
     # ----- server side -------------------------------------------------------------------------------
     def init(self, ctx: ServerContext) -> ServerState:
         depths = self.candidate_depths(ctx)
@@ -277,8 +307,12 @@ class CAFF(Method):
             self._select(state, ctx, list(budgets.values()))
         layers, table = state["layers"], state["table"]
         tasks = {}
+        fixed = self.config["trained_layers"]
         for profile in clients:
-            t = trainable_layers(table, layers, budgets[profile.client_id])
+            if fixed is not None:
+                t = self._fixed_trained_layers(table, layers, budgets[profile.client_id])
+            else:
+                t = trainable_layers(table, layers, budgets[profile.client_id])
             if t < 1:
                 raise ValueError(f"client {profile.client_id} cannot train one layer of the selected F_{layers}: it "
                                  f"exceeds {binding_constraints(table, layers, budgets[profile.client_id])}; declare "
