@@ -34,6 +34,7 @@ def test_fedp3_config_fashion_mnist_cpu_sizes():
     assert dict(fedp3_config("opu2", global_keep=0.9).method_options) == {"global_keep": 0.9}
     # every method of a split shares everything but the method
     assert fedp3_config("fedavg", "S2", seed=1) == cfg.replace(method="fedavg")
+    assert fedp3_config("opu2", "S2", seed=1, lr=0.01) == cfg.replace(lr=0.01)  # only the learning rate changes
 
 
 def test_fedp3_config_other_datasets_and_scales():

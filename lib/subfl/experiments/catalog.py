@@ -327,12 +327,12 @@ _FEDP3_CPU = {"fmnist": dict(width=0.25, eval_every=5),
 
 
 def fedp3_config(method: str, split: str = "S1", *, dataset: str = "fmnist", scale: str = "cpu", seed: int = 0,
-                 **method_options) -> ExperimentConfig:
+                 lr: float | None = None, **method_options) -> ExperimentConfig:
     """One run of the FedP3 chapter: ``method`` (e.g. one of :data:`FEDP3_FIG2_METHODS`) on split ``split``
     (:data:`FEDP3_SPLITS`) of ``dataset`` (:data:`FEDP3_MODELS`), with FedP3's personalised evaluation
     (:data:`FEDP3_LOCAL_TEST_FRACTION`: the history gets ``local_accuracy`` beside the global ``accuracy``).
     ``method_options`` go to the method (e.g. ``global_keep=0.9``); none are set by default, so the FedP3 variants run
-    without global or local pruning and with simple per-layer averaging.
+    without global or local pruning and with simple per-layer averaging. ``lr`` replaces the scale's learning rate.
 
     Sizes: the scale's preset for the dataset, then the chapter's cpu sizes (see the comments above). At the ``paper``
     scale the networks run at full width; at ``ci`` at the preset's width 0.25."""
@@ -341,6 +341,8 @@ def fedp3_config(method: str, split: str = "S1", *, dataset: str = "fmnist", sca
     if dataset not in FEDP3_MODELS:
         raise ValueError(f"dataset={dataset!r} has no FedP3 setting; accepted: {', '.join(FEDP3_MODELS)}")
     sizes = dict(_FEDP3_CPU[dataset]) if scale == "cpu" else {}
+    if lr is not None:
+        sizes["lr"] = lr
     options = _FEDP3_DATASET_OPTIONS.get(dataset, {})
     return make_config(method, dataset, FEDP3_MODELS[dataset], scale=scale, seed=seed,
                        local_test_fraction=FEDP3_LOCAL_TEST_FRACTION, method_options=method_options,
