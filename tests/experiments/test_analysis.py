@@ -165,3 +165,13 @@ def test_svd_refresh_seconds_lists_every_decomposed_layer():
     assert (table.seconds > 0).all()
     with pytest.raises(ValueError, match="repeats"):
         svd_refresh_seconds(model, repeats=0)
+
+
+def test_ordering_check_marks_a_diverged_run():
+    from subfl.experiments.analysis import ordering_check
+    runs = [_synthetic_run("flanc", 0, {"1": 0.8}), _synthetic_run("heterofl", 0, {"1": 0.7}),
+            _synthetic_run("fjord", 0, {"1": 0.75})]
+    runs[0].__dict__["history"] = pd.concat([runs[0].history, pd.DataFrame(
+        [{"round": 2, "metric": "diverged", "value": 1.0, "group": "global"}])])
+    row = ordering_check(runs).iloc[0]
+    assert (row["status"], row["best"]) == ("diverged", "fjord") and row["margin"] != row["margin"]

@@ -122,8 +122,8 @@ def ordering_check(results: Iterable[RunResult], *, method: str = "flanc", rival
     ``margin`` is ``method``'s mean minus the best rival's (sign flipped when lower is better, e.g. perplexity,
     so a positive margin always means ``method`` is ahead); ``spread`` is the largest
     ``sqrt(sd_method² + sd_rival²)`` over the rivals (0 with one seed). ``status``: ``"ahead"`` when
-    margin > spread, ``"behind"`` when margin < −spread, else ``"within seed spread"``; ``best`` is the best
-    method among all runs at that width.
+    margin > spread, ``"behind"`` when margin < −spread, ``"diverged"`` when a compared run diverged (its final
+    value is NaN), else ``"within seed spread"``; ``best`` is the best method among the runs that did not diverge.
     """
     table = width_table(results, groups=groups, metric=metric)
     missing = {method, *rivals} - set(table["method"])
@@ -138,8 +138,10 @@ def ordering_check(results: Iterable[RunResult], *, method: str = "flanc", rival
         sd = dict(zip(sub["method"], sub["std"].fillna(0.0)))
         margin = min(sign * (mean[method] - mean[r]) for r in rivals)
         spread = max((sd[method] ** 2 + sd[r] ** 2) ** 0.5 for r in rivals)
-        status = "ahead" if margin > spread else "behind" if margin < -spread else "within seed spread"
-        best = (max if higher_is_better else min)(mean, key=mean.get)
+        status = ("diverged" if margin != margin else "ahead" if margin > spread else
+                  "behind" if margin < -spread else "within seed spread")
+        finite = {m: v for m, v in mean.items() if v == v}
+        best = (max if higher_is_better else min)(finite, key=finite.get) if finite else None
         rows.append({"width": width, "best": best, "margin": margin, "spread": spread, "status": status})
     return pd.DataFrame(rows, columns=["width", "best", "margin", "spread", "status"])
 

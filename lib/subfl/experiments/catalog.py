@@ -75,10 +75,10 @@ _FLANC_DATASET_SPLITS = {"fmnist": ("iid", "classes"), "cifar10": ("iid", "class
 
 
 def flanc_config(method: str, setting: str = "static", partition: str = "iid", *, dataset: str = "fmnist",
-                 scale: str = "cpu", seed: int = 0, **method_options) -> ExperimentConfig:
+                 scale: str = "cpu", seed: int = 0, lr: float | None = None, **method_options) -> ExperimentConfig:
     """One run of the FLANC chapter: ``method`` under capacity ``setting`` (:data:`FLANC_SETTINGS`) on split
     ``partition`` (:data:`FLANC_PARTITIONS`). ``method_options`` go to the method (e.g. ``ortho_lambda=0``;
-    :data:`FLANC_METHOD_DEFAULTS` first, on the norm-free CNN).
+    :data:`FLANC_METHOD_DEFAULTS` first, on the norm-free CNN); ``lr`` replaces the setting's learning rate.
 
     Models: FLANC's CNN on Fashion-MNIST, the FedAvg CNN on CIFAR-10 (ResNet-18 at the ``paper`` scale), the
     character LSTM on Shakespeare (split ``roles``: one client per role) (``paper`` scale: full width)."""
@@ -97,6 +97,8 @@ def flanc_config(method: str, setting: str = "static", partition: str = "iid", *
     if dataset == "shakespeare" and scale == "ci":
         sizes.update(num_clients=4, max_train_samples=None, local_steps=3,
                      dataset_options=dict(stride=80, max_users=4))
+    if lr is not None:
+        sizes["lr"] = lr
     norm_free = model_spec(sizes["model"]).default_norm == "none"
     options = {**(FLANC_METHOD_DEFAULTS.get(method, {}) if norm_free else {}),
                **method_options}
