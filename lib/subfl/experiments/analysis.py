@@ -6,6 +6,8 @@ exactly as the engine draws it, so per-width traffic is measured from the ledger
 """
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Iterable, Sequence
 
 import pandas as pd
@@ -102,10 +104,6 @@ def width_costs(model: str, widths: Sequence[float], *, dataset: str = "fmnist",
     return pd.DataFrame(rows)
 
 
-__all__ = ["IMAGE_SHAPES", "client_levels", "finding_status", "mean_std_labels", "ordering_check", "payload_by_level",
-           "stage_seconds", "svd_refresh_seconds", "width_costs", "width_table"]
-
-
 def finding_status(holds: bool, *values: float) -> str:
     """The status of a paper's finding checked on our numbers: ``"same"`` when it holds, ``"differs"`` when it
     does not, ``"differs (diverged)"`` when one of the compared ``values`` is NaN (the runs diverged)."""
@@ -182,9 +180,6 @@ def svd_refresh_seconds(model: torch.nn.Module, repeats: int = 3) -> pd.DataFram
     (:func:`~subfl.models.factorized.svd_factors`) — of every decomposed layer of ``model``: the median of
     ``repeats`` calls per layer, with the layer's ``(n, m)`` matrix shape. A measurement for the runtime page,
     not a benchmark (use ``benchmarks/bench_spectral_server.py`` for that)."""
-    import statistics
-    import time
-
     from ..models.factorized import layer_specs, svd_factors
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
@@ -257,8 +252,6 @@ def upload_savings(results: Iterable[RunResult], *, reference: str = "fedavg", b
         out += ["layers_up", "saving_layers"]
     return table[out]
 
-
-__all__ += ["upload_savings"]
 
 
 # ---- CAFF chapter: the fixed finetuning configurations of Fig. 1 ------------------------------------------------
@@ -419,4 +412,7 @@ def pretrained_zero_shot(config: ExperimentConfig, depths: Sequence[int] | None 
     return pd.DataFrame(rows, columns=["layers", "accuracy", "loss", "perplexity"])
 
 
-__all__ += ["best_within_cost", "finetuning_costs", "finetuning_setting", "finetuning_table", "pretrained_zero_shot"]
+__all__ = ["IMAGE_SHAPES", "best_within_cost", "client_levels", "finding_status", "finetuning_costs",
+           "finetuning_setting", "finetuning_table", "mean_std_labels", "ordering_check", "payload_by_level",
+           "pretrained_zero_shot", "stage_seconds", "svd_refresh_seconds", "upload_savings", "width_costs",
+           "width_table"]
