@@ -64,6 +64,20 @@ def test_spectral_config_shares_chapter_ones_reference_setting():
         spectral_config("topn", "r0.3")
 
 
+def test_spectral_ablation_configs_share_the_table_one_runs():
+    from subfl.experiments.catalog import (SPECTRAL_ABLATIONS, SPECTRAL_LOW_LR, spectral_ablation_configs,
+                                           spectral_config)
+    table3 = spectral_ablation_configs("clipped learning rate (Table 3)", seed=1)
+    assert [c.method for c in table3] == ["unbiased", "unbiased+cliplr", "collective", "collective+cliplr"]
+    assert table3[1] == spectral_config("unbiased+cliplr", seed=1, lr=SPECTRAL_LOW_LR)  # Table 1's own run
+    samplers = spectral_ablation_configs("sampler (Table 4)")
+    assert [dict(c.method_options).get("sampler", "cps") for c in samplers] == ["cps", "brewer", "min_support"]
+    assert all(c.lr == SPECTRAL_LOW_LR == 0.005 and c.heterogeneity == "0.2" for t in SPECTRAL_ABLATIONS
+               for c in spectral_ablation_configs(t))
+    with pytest.raises(ValueError, match="table='Table 9'"):
+        spectral_ablation_configs("Table 9")
+
+
 @pytest.fixture(scope="module")
 def heterofl_run(tmp_path_factory):
     cfg = make_config("heterofl", "digits", "mlp", scale="ci", heterogeneity="0.5:0.5,1.0:0.5", rounds=2,

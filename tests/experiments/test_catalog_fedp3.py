@@ -144,3 +144,39 @@ def test_upload_savings_of_real_runs_count_layers_as_fedp3_does(tmp_path):
     assert table.loc["fedavg", "bytes_up"] == parameter_bytes(model) and table.loc["fedavg", "layers_up"] == 4
     assert table.loc["opu2", "layers_up"] == 3 and table.loc["opu2", "saving_layers"] == pytest.approx(0.25)
     assert table.loc["opu2", "client_rounds"] == 4 and 0 < table.loc["opu2", "saving_bytes"] < 1
+
+
+# ---- client_round_bytes and the ablation settings ----------------------------------------------------------------
+def test_client_round_bytes_against_a_hand_computation():
+    from subfl.experiments.analysis import client_round_bytes
+    full = list(_BYTES)
+    a = _ledger_run("opu2", {(1, 0): ["2.weight", "2.bias"], (1, 1): full})
+    b = _ledger_run("opu2", {(2, 4): ["2.weight"]})
+    # every client-round downloads all four tensors (92 B; the 1000-byte __config__ row is not traffic)
+    assert client_round_bytes([a, b]) == 92
+    assert client_round_bytes([a, b], "up") == pytest.approx((32 + 92 + 24) / 3)
+    with pytest.raises(ValueError, match="direction='sideways'"):
+        client_round_bytes([a], "sideways")
+    with pytest.raises(ValueError, match="no 'down' traffic"):
+        client_round_bytes([])
+
+
+def test_fedp3_variant_configs_leave_defaults_out():
+    # the P = 1 / fixed / simple cell of every ablation is the very Fig. 2 run (same config, one cache entry)
+    assert catalog.fedp3_variant_config("S2", global_keep=1.0, local_pruning="fixed") == fedp3_config("opu2", "S2")
+    assert dict(catalog.fedp3_variant_config(global_keep=0.7, local_pruning="uniform").method_options) == {
+        "global_keep": 0.7, "local_pruning": "uniform"}
+    glob = catalog.fedp3_ablation_configs("global", "S1", seed=1)
+    assert [dict(c.method_options).get("global_keep", 1.0) for c in glob] == [1.0, 0.9, 0.7, 0.5]
+    assert {(c.partition, c.seed, c.method) for c in glob} == {("k_classes", 1, "opu2")}
+    local = catalog.fedp3_ablation_configs("local")
+    assert len(local) == 6 and len(set(local)) == 6
+    assert local[0] == glob[1].replace(partition="dirichlet_allocation", classes_per_client=None, alpha=0.5, seed=0)
+    agg = catalog.fedp3_ablation_configs("aggregation")
+    assert [(c.method, dict(c.method_options).get("aggregation", "simple")) for c in agg] == [
+        (m, a) for m in ("opu123", "opu23") for a in ("simple", "weighted", "attention")]
+    ldp = catalog.fedp3_ablation_configs("ldp")
+    assert [dict(c.method_options)["noise_multiplier"] for c in ldp] == list(catalog.FEDP3_LDP_NOISE)
+    assert all(dict(c.method_options)["ldp_mechanism"] == "dpsgd" for c in ldp)
+    with pytest.raises(ValueError, match="kind='blocks'"):
+        catalog.fedp3_ablation_configs("blocks")

@@ -196,6 +196,22 @@ def svd_refresh_seconds(model: torch.nn.Module, repeats: int = 3) -> pd.DataFram
     return pd.DataFrame(rows, columns=["layer", "shape", "seconds"])
 
 
+def client_round_bytes(results: Iterable[RunResult], direction: str = "down") -> float:
+    """Mean bytes one client received (``direction="down"``) or sent (``"up"``) in one round, over every
+    (round, client) of ``results``' ledgers; the JSON ``__config__`` row is left out. Under FedP3's global pruning the
+    download is the deployed model's size on the wire (kept values plus masks or index lists)."""
+    if direction not in ("down", "up"):
+        raise ValueError(f"direction={direction!r} is not valid; accepted: down, up")
+    totals = []
+    for r in results:
+        ledger = r.ledger
+        rows = ledger[(ledger.direction == direction) & (ledger.name != "__config__")]
+        totals.extend(rows.groupby(["round", "client"])["bytes"].sum().tolist())
+    if not totals:
+        raise ValueError(f"no {direction!r} traffic in the ledgers of results (empty results or no rounds run)")
+    return float(sum(totals) / len(totals))
+
+
 def upload_savings(results: Iterable[RunResult], *, reference: str = "fedavg", by: Sequence[str] = ("method",),
                    model: torch.nn.Module | None = None) -> pd.DataFrame:
     """What one client uploads in one round, by group of runs, and the saving against the ``reference`` method.
@@ -412,7 +428,7 @@ def pretrained_zero_shot(config: ExperimentConfig, depths: Sequence[int] | None 
     return pd.DataFrame(rows, columns=["layers", "accuracy", "loss", "perplexity"])
 
 
-__all__ = ["IMAGE_SHAPES", "best_within_cost", "client_levels", "finding_status", "finetuning_costs",
+__all__ = ["IMAGE_SHAPES", "best_within_cost", "client_levels", "client_round_bytes", "finding_status", "finetuning_costs",
            "finetuning_setting", "finetuning_table", "mean_std_labels", "ordering_check", "payload_by_level",
            "pretrained_zero_shot", "stage_seconds", "svd_refresh_seconds", "upload_savings", "width_costs",
            "width_table"]

@@ -225,6 +225,138 @@ def caff_fig1_runs(*, seeds: Sequence[int] = (0,), scale: str = "cpu",
     return [r for cfg in caff_fig1_configs(scale=scale) for r in run_seeds(cfg, seeds, data_root=data_root)]
 
 
+# ---- CAFF Table 1: homogeneous constraints --------------------------------------------------------------------
+CAFF_TABLE1_METHODS = ("caff", "hetlora", "fedhm")
+"""The methods of CAFF's Table 1 the library runs on transformers: CAFF, HetLoRA and FedHM. The paper's fourth,
+FedRolex, is not run: the width-slicing methods of :mod:`subfl.methods.width` have no budget-driven width choice
+(the CAFF appendix's Eq. 7) for the tiny transformers."""
+
+CAFF_TABLE1_LEVELS = {
+    "ci": {"memory_mb": (1e6,), "upload_mb": (1e6,), "gflops": (1e6,)},
+    "cpu": {"memory_mb": (25.0, 40.0, 65.0), "upload_mb": (1.3, 2.2, 3.5), "gflops": (4.0, 5.3, 6.6)},
+}
+"""Per scale, the three levels of each constraint of Table 1 — peak training memory (MB), upload per round (MB),
+GFLOPs per mini-batch — every device having the same budget and the two other constraints unset. The paper's
+levels fit its models (context 256, vocabulary of OpenWebText's tokenizer); ours are scaled to the book's family
+(vocabulary 2,048, 64-token windows, mini-batch 16) so that the level admits from 1 to 6 trained blocks for CAFF
+(measured: memory ``F_9^1`` 24.9 MB, ``F_6^3`` 38.9 MB, ``F_9^6`` 63.2 MB; upload 1.23 / 2.13 / 3.47 MB for t = 1 / 3
+/ 6; compute ``F_3^3`` 3.51, ``F_6^5`` 5.30, ``F_9^6`` 6.57 GFLOPs) and the low levels exclude some baselines.
+At ``ci`` one unconstrained level (a smoke test)."""
+
+CAFF_TABLE1_LORA_RANKS = (24, 12, 6, 3)
+"""The LoRA ranks HetLoRA may give a device (its default)."""
+
+CAFF_TABLE1_RANK_RATIOS = (1.0, 0.5, 0.25, 0.125)
+"""The rank ratios FedHM may give a device (its default; 1 = the dense model)."""
+
+_CAFF_TABLE1_TABLES: dict[str, dict] = {}
+
+
+def caff_resource_tables(scale: str = "cpu") -> dict[str, "pd.DataFrame"]:
+    """The measured costs every Table 1 method chooses from at ``scale``, for each pretrained depth
+    (:func:`caff_fig1_depths`) on the Fig. 1 mini-batch: ``"caff"`` — every ``F_l^t``; ``"hetlora"`` — LoRA at
+    :data:`CAFF_TABLE1_LORA_RANKS`; ``"fedhm"`` — the factorised model at :data:`CAFF_TABLE1_RANK_RATIOS`. Measured
+    once per process (:func:`subfl.costs.finetuning.resource_table`, ``fedhm_resource_table``), as the methods measure
+    them when a run starts."""
+    if scale not in _CAFF_TABLE1_TABLES:
+        import pandas as pd
+        import torch
+
+        from ..costs.finetuning import resource_table
+        from ..methods.fedhm import fedhm_resource_table
+        from ..models import build_model
+        from .pretraining import preset as pretrain_preset
+
+        vocab = pretrain_preset("lm", scale).vocab_size
+        sizes = _CAFF_FIG1_SIZES[scale]
+        seq_len, batch_size = sizes["dataset_options"]["seq_len"], sizes["batch_size"]
+        batch = torch.zeros(batch_size, seq_len, dtype=torch.long)
+        models = {l: build_model("tiny_gpt", num_classes=vocab, input_shape=(seq_len,), layers=l, vocab_size=vocab)
+                  for l in caff_fig1_depths(scale)}
+        _CAFF_TABLE1_TABLES[scale] = {
+            "caff": resource_table(models, batch),
+            "hetlora": resource_table(models, batch, trained_layers=(), lora_ranks=CAFF_TABLE1_LORA_RANKS),
+            "fedhm": pd.concat([fedhm_resource_table(m, CAFF_TABLE1_RANK_RATIOS, batch) for m in models.values()],
+                               ignore_index=True)}
+    return _CAFF_TABLE1_TABLES[scale]
+
+
+def _largest_within(table, key: str, layers: int, budget: dict) -> float | None:
+    from ..methods.finetuning_common import largest_fitting, rows_for, table_rows
+
+    rows = table_rows(table, key, layers=layers)
+    return largest_fitting(rows_for(rows, key, rows[key].tolist()), budget)
+
+
+def caff_table1_plan(scale: str = "cpu") -> "pd.DataFrame":
+    """What every method of Table 1 trains at every constraint level at ``scale`` (:data:`CAFF_TABLE1_LEVELS`), from
+    :func:`caff_resource_tables`. One row per (constraint, level, method) with ``layers`` (the depth ``l``, or
+    ``None``), ``setting`` (CAFF: trained blocks ``t``; HetLoRA: rank; FedHM: rank ratio) and ``mark``:
+
+    * CAFF: Eq. (3) over the pretrained depths (:func:`subfl.methods.caff.select_architecture`); ``"—"`` when no depth
+      is feasible;
+    * a baseline finetunes the model CAFF selected, with its largest configuration within the budget; when it has
+      none there, the deepest model on which it has one (``mark "†"``); ``"—"`` when none fits anywhere (the paper's
+      tables mark a missing configuration the same way)."""
+    import pandas as pd
+
+    from ..methods.caff import select_architecture
+
+    if scale not in CAFF_TABLE1_LEVELS:
+        raise ValueError(f"scale={scale!r} is not valid; accepted: {', '.join(CAFF_TABLE1_LEVELS)}")
+    tables = caff_resource_tables(scale)
+    depths = sorted(caff_fig1_depths(scale), reverse=True)
+    keys = {"hetlora": "rank", "fedhm": "rank_ratio"}
+    rows = []
+    for constraint, levels in CAFF_TABLE1_LEVELS[scale].items():
+        for level in levels:
+            budget = {constraint: level}
+            try:
+                selection = select_architecture(tables["caff"], [budget])
+                chosen, t = selection.layers, int(selection.mean_trained)
+            except ValueError:
+                chosen, t = None, None
+            rows.append({"constraint": constraint, "level": level, "method": "caff", "layers": chosen,
+                         "setting": t, "mark": "" if chosen else "—"})
+            for method in ("hetlora", "fedhm"):
+                order = ([chosen] if chosen else []) + [l for l in depths if l != chosen]
+                found = [(l, _largest_within(tables[method], keys[method], l, budget)) for l in order]
+                found = [(l, v) for l, v in found if v is not None]
+                layers, value = found[0] if found else (None, None)
+                mark = "—" if layers is None else ("" if layers == chosen else "†")
+                rows.append({"constraint": constraint, "level": level, "method": method, "layers": layers,
+                             "setting": value, "mark": mark})
+    return pd.DataFrame(rows)
+
+
+def caff_table1_config(method: str, constraint: str, level: float, layers: int, *, scale: str = "cpu",
+                       seed: int = 0) -> ExperimentConfig:
+    """One cell of Table 1: Fig. 1's finetuning setting (:func:`caff_fig1_config`) with every device's budget
+    ``{constraint: level}``. ``caff`` chooses its architecture among the pretrained depths itself (Eq. 3; ``layers``
+    must be the one :func:`caff_table1_plan` gives); ``hetlora`` / ``fedhm`` finetune ``F_layers`` and choose their
+    rank / rank ratio within the budget."""
+    if method not in CAFF_TABLE1_METHODS:
+        raise ValueError(f"method={method!r} is not valid; accepted: {', '.join(CAFF_TABLE1_METHODS)}")
+    if constraint not in ("memory_mb", "upload_mb", "gflops"):
+        raise ValueError(f"constraint={constraint!r} is not valid; accepted: memory_mb, upload_mb, gflops")
+    base = caff_fig1_config("layers", layers, 1, scale=scale, seed=seed)
+    budgets = {"1": {constraint: float(level)}}  # every device is in group "1" (homogeneous keep ratio 1.0)
+    if method == "caff":
+        options = dict(layers=caff_fig1_depths(scale), budgets=budgets)
+    elif method == "hetlora":
+        options = dict(architecture=layers, ranks=CAFF_TABLE1_LORA_RANKS, budgets=budgets)
+    else:
+        options = dict(architecture=layers, rank_ratios=CAFF_TABLE1_RANK_RATIOS, budgets=budgets)
+    return base.replace(method=method, method_options=dict(pretrained=scale, **options))
+
+
+def caff_table1_configs(*, scale: str = "cpu", seed: int = 0) -> list[ExperimentConfig]:
+    """Every feasible cell of :func:`caff_table1_plan` as a run configuration."""
+    plan = caff_table1_plan(scale)
+    return [caff_table1_config(r.method, r.constraint, r.level, int(r.layers), scale=scale, seed=seed)
+            for r in plan.itertuples() if r.mark != "—"]
+
+
 # ---- Spectral sharding and PriSM chapters -------------------------------------------------------------------
 SPECTRAL_KEEP = {"r0.1": "0.1", "r0.2": "0.2", "mixed": "0.2:0.6,0.4:0.4", "r1": "1.0"}
 """Keep-ratio settings of spectral sharding's Table 1 (homogeneous r = 0.1 / 0.2; 60 % of the clients at 0.2 and
@@ -273,6 +405,29 @@ def spectral_runs(keep: str = "r0.2", *, seeds: Sequence[int] = (0, 1), scale: s
     configs = [spectral_config(m, keep, scale=scale) for m in methods]
     configs += [spectral_config(m, keep, scale=scale, lr=SPECTRAL_LOW_LR) for m in low_lr_methods]
     return [r for cfg in configs for r in run_seeds(cfg, seeds, data_root=data_root)]
+
+
+SPECTRAL_ABLATIONS: dict[str, tuple[tuple[str, dict], ...]] = {
+    "clipped learning rate (Table 3)": (("unbiased", {}), ("unbiased+cliplr", {}), ("collective", {}),
+                                        ("collective+cliplr", {})),
+    "sampler (Table 4)": (("collective+cliplr", {}), ("collective+cliplr", {"sampler": "brewer"}),
+                          ("collective+cliplr", {"sampler": "min_support"})),
+    "Schatten p = 4 (Table 5)": (("unbiased+cliplr", {}), ("schatten+cliplr", {})),
+    "PriSM's scaling": (("prism", {}), ("prism+scaled", {}), ("prism+wallenius", {})),
+}
+"""Spectral sharding's ablations, each a list of (method, method options) run at :data:`SPECTRAL_LOW_LR`, r = 0.2:
+Table 3 (with / without the clipped learning rate), Table 4 (conditional Poisson vs Brewer vs minimum-support
+sampling of the Collective design), Table 5 (Schatten p = 4 instead of the Frobenius norm), and PriSM's ω variants
+(ω = 1, ω keeping the Frobenius norm, ω = 1 / Wallenius mean)."""
+
+
+def spectral_ablation_configs(table: str, *, keep: str = "r0.2", scale: str = "cpu",
+                              seed: int = 0) -> list[ExperimentConfig]:
+    """The runs of one of :data:`SPECTRAL_ABLATIONS` (at :data:`SPECTRAL_LOW_LR`)."""
+    if table not in SPECTRAL_ABLATIONS:
+        raise ValueError(f"table={table!r} is not valid; accepted: {', '.join(SPECTRAL_ABLATIONS)}")
+    return [spectral_config(m, keep, scale=scale, seed=seed, lr=SPECTRAL_LOW_LR, **options)
+            for m, options in SPECTRAL_ABLATIONS[table]]
 
 
 # ---- FedP3 chapter -------------------------------------------------------------------------------------------
@@ -372,3 +527,68 @@ def fedp3_model(config: ExperimentConfig) -> nn.Module:
     return build_model(config.model, num_classes=FEDP3_NUM_CLASSES[config.dataset],
                        input_shape=IMAGE_SHAPES[config.dataset], width=config.width, norm=config.norm,
                        **dict(config.model_options))
+
+
+# ---- FedP3 ablations: global pruning (Fig. 4), local pruning (Table 2), aggregation (Fig. 5), LDP ------------------
+FEDP3_ABLATION_METHOD = "opu2"
+"""The FedP3 variant of the pruning ablations (Fig. 4, Table 2): OPU2, the FFC plus two layers drawn per client and
+round. The paper does not say which overlap its pruning figures use; OPU2 is the middle of Fig. 2's three."""
+
+FEDP3_GLOBAL_KEEPS = (1.0, 0.9, 0.7, 0.5)
+"""Fig. 4's global pruning ratios P: the fraction of weights kept, server → client, in the layers a client does not
+train (option ``global_keep`` of :class:`subfl.methods.fedp3.FedP3`; 1.0 = no pruning)."""
+
+FEDP3_LOCAL_PRUNING = ("fixed", "uniform", "ordered_dropout")
+"""Table 2's local pruning strategies (option ``local_pruning``)."""
+
+FEDP3_TABLE2_KEEPS = (0.9, 0.7)
+"""The two global pruning ratios of Table 2."""
+
+FEDP3_AGGREGATIONS = ("simple", "weighted", "attention")
+"""Fig. 5's aggregation strategies (option ``aggregation``; attention's parameterisation is the library's own)."""
+
+FEDP3_FIG5_METHODS = ("opu123", "opu23")
+"""Fig. 5's variants, in which clients train different numbers of layers (so "weighted" differs from "simple")."""
+
+FEDP3_OPTION_DEFAULTS = {"global_keep": 1.0, "local_pruning": "fixed", "aggregation": "simple"}
+"""The FedP3 options at which a variant is the plain Fig. 2 run; :func:`fedp3_variant_config` leaves these out of
+the config, so the ablations' baseline cells are the very runs of Fig. 2 (one cache entry, not two)."""
+
+FEDP3_LDP_NOISE = (0.6, 1.0, 1.5, 2.5)
+"""Noise multipliers σ of the LDP-FedP3 privacy–utility curve (DP-SGD in local training, clip norm
+:data:`FEDP3_LDP_CLIP`): larger σ, smaller ε."""
+
+FEDP3_LDP_CLIP = 1.0
+"""Per-example gradient clip norm C of the LDP-FedP3 runs."""
+
+FEDP3_LDP_DELTA = 1e-5
+"""δ of the LDP-FedP3 runs' (ε, δ)."""
+
+
+def fedp3_variant_config(split: str = "S2", *, method: str = FEDP3_ABLATION_METHOD, dataset: str = "fmnist",
+                         scale: str = "cpu", seed: int = 0, **method_options) -> ExperimentConfig:
+    """A FedP3 ablation run (:func:`fedp3_config`) with ``method_options`` such as ``global_keep``, ``local_pruning``,
+    ``aggregation``; options at their defaults (:data:`FEDP3_OPTION_DEFAULTS`) are left out of the config."""
+    options = {k: v for k, v in method_options.items()
+               if not (k in FEDP3_OPTION_DEFAULTS and v == FEDP3_OPTION_DEFAULTS[k])}
+    return fedp3_config(method, split, dataset=dataset, scale=scale, seed=seed, **options)
+
+
+def fedp3_ablation_configs(kind: str, split: str = "S2", *, dataset: str = "fmnist", scale: str = "cpu",
+                           seed: int = 0) -> list[ExperimentConfig]:
+    """The runs of one FedP3 ablation for one seed: ``"global"`` (Fig. 4: :data:`FEDP3_GLOBAL_KEEPS`), ``"local"``
+    (Table 2: :data:`FEDP3_LOCAL_PRUNING` × :data:`FEDP3_TABLE2_KEEPS`), ``"aggregation"`` (Fig. 5:
+    :data:`FEDP3_FIG5_METHODS` × :data:`FEDP3_AGGREGATIONS`) or ``"ldp"`` (:data:`FEDP3_LDP_NOISE`, DP-SGD)."""
+    common = dict(split=split, dataset=dataset, scale=scale, seed=seed)
+    if kind == "global":
+        return [fedp3_variant_config(global_keep=p, **common) for p in FEDP3_GLOBAL_KEEPS]
+    if kind == "local":
+        return [fedp3_variant_config(global_keep=p, local_pruning=s, **common)
+                for p in FEDP3_TABLE2_KEEPS for s in FEDP3_LOCAL_PRUNING]
+    if kind == "aggregation":
+        return [fedp3_variant_config(method=m, aggregation=a, **common)
+                for m in FEDP3_FIG5_METHODS for a in FEDP3_AGGREGATIONS]
+    if kind == "ldp":
+        return [fedp3_variant_config(ldp_mechanism="dpsgd", clip_norm=FEDP3_LDP_CLIP, noise_multiplier=s,
+                                     delta=FEDP3_LDP_DELTA, **common) for s in FEDP3_LDP_NOISE]
+    raise ValueError(f"kind={kind!r} is not valid; accepted: global, local, aggregation, ldp")

@@ -1,0 +1,52 @@
+"""CAFF Table 1's plan: which configuration every method trains under a homogeneous budget (catalog)."""
+import pandas as pd
+import pytest
+
+from subfl.experiments import catalog
+
+
+def _tables():
+    # two depths; CAFF's F_l^t, HetLoRA's ranks and FedHM's ratios with hand-made costs (memory only varies)
+    caff = pd.DataFrame([{"layers": l, "scheme": "freeze", "trained": t, "memory_mb": m, "upload_mb": 1.0,
+                          "gflops": 1.0} for l, t, m in [(2, 1, 10), (2, 2, 20), (4, 1, 12), (4, 2, 22), (4, 3, 32),
+                                                          (4, 4, 42)]])
+    lora = pd.DataFrame([{"layers": l, "scheme": "lora", "trained": l, "rank": r, "memory_mb": m, "upload_mb": 0.5,
+                          "gflops": 1.0} for l, r, m in [(2, 3, 18), (2, 24, 19), (4, 3, 36), (4, 24, 38)]])
+    fedhm = pd.DataFrame([{"layers": l, "rank_ratio": q, "memory_mb": m, "upload_mb": 1.0, "gflops": 1.0}
+                          for l, q, m in [(2, 1.0, 21), (2, 0.5, 15), (4, 1.0, 41), (4, 0.5, 31)]])
+    return {"caff": caff, "hetlora": lora, "fedhm": fedhm}
+
+
+def test_caff_table1_plan_on_hand_made_costs(monkeypatch):
+    monkeypatch.setitem(catalog._CAFF_TABLE1_TABLES, "ci", _tables())
+    monkeypatch.setitem(catalog.CAFF_TABLE1_LEVELS, "ci", {"memory_mb": (9.0, 12.0, 33.0, 40.0)})
+    monkeypatch.setattr(catalog, "caff_fig1_depths", lambda scale="cpu": (2, 4))
+    plan = catalog.caff_table1_plan("ci").set_index(["level", "method"])
+    # 9 MB: nothing fits anywhere
+    assert list(plan.loc[9.0].mark) == ["—", "—", "—"]
+    # 12 MB: t = 1 on both depths, the tie goes to the deeper model; no baseline fits at all
+    assert (plan.loc[(12.0, "caff"), "layers"], plan.loc[(12.0, "caff"), "setting"]) == (4, 1)
+    assert plan.loc[(12.0, "hetlora"), "mark"] == plan.loc[(12.0, "fedhm"), "mark"] == "—"
+    # 33 MB: F_4^3 (3 blocks) beats F_2^2; on F_4 LoRA needs 36 MB, so it falls back to F_2 (†) at its largest rank;
+    # FedHM fits F_4 at ratio 0.5 (31 MB) and stays on CAFF's model
+    assert (plan.loc[(33.0, "caff"), "layers"], plan.loc[(33.0, "caff"), "setting"]) == (4, 3)
+    assert (plan.loc[(33.0, "hetlora"), "layers"], plan.loc[(33.0, "hetlora"), "setting"],
+            plan.loc[(33.0, "hetlora"), "mark"]) == (2, 24, "†")
+    assert (plan.loc[(33.0, "fedhm"), "layers"], plan.loc[(33.0, "fedhm"), "setting"],
+            plan.loc[(33.0, "fedhm"), "mark"]) == (4, 0.5, "")
+    # 40 MB: LoRA rank 24 on F_4 (38 MB) now fits CAFF's model
+    assert (plan.loc[(40.0, "hetlora"), "layers"], plan.loc[(40.0, "hetlora"), "setting"],
+            plan.loc[(40.0, "hetlora"), "mark"]) == (4, 24, "")
+
+
+def test_caff_table1_config_budgets_every_device():
+    cfg = catalog.caff_table1_config("hetlora", "upload_mb", 2.2, 3, scale="ci", seed=1)
+    options = dict(cfg.method_options)
+    assert options["budgets"] == {"1": {"upload_mb": 2.2}} and options["architecture"] == 3
+    assert options["ranks"] == catalog.CAFF_TABLE1_LORA_RANKS and cfg.seed == 1 and cfg.heterogeneity == "1.0"
+    caff = dict(catalog.caff_table1_config("caff", "gflops", 5.0, 3, scale="ci").method_options)
+    assert caff["layers"] == (3,) and "architecture" not in caff  # CAFF chooses among the pretrained depths
+    with pytest.raises(ValueError, match="method='fedrolex'"):
+        catalog.caff_table1_config("fedrolex", "gflops", 5.0, 3)
+    with pytest.raises(ValueError, match="constraint='energy'"):
+        catalog.caff_table1_config("caff", "energy", 5.0, 3)
