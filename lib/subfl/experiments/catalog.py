@@ -554,9 +554,10 @@ FEDP3_OPTION_DEFAULTS = {"global_keep": 1.0, "local_pruning": "fixed", "aggregat
 """The FedP3 options at which a variant is the plain Fig. 2 run; :func:`fedp3_variant_config` leaves these out of
 the config, so the ablations' baseline cells are the very runs of Fig. 2 (one cache entry, not two)."""
 
-FEDP3_LDP_NOISE = (0.6, 1.0, 1.5, 2.5)
+FEDP3_LDP_NOISE = (0.0, 0.6, 1.0, 1.5, 2.5)
 """Noise multipliers σ of the LDP-FedP3 privacy–utility curve (DP-SGD in local training, clip norm
-:data:`FEDP3_LDP_CLIP`): larger σ, smaller ε."""
+:data:`FEDP3_LDP_CLIP`): larger σ, smaller ε. σ = 0 keeps DP-SGD's per-example clipping and Poisson batches without
+noise (no privacy, ε = ∞): it separates what clipping costs from what the noise costs."""
 
 FEDP3_LDP_CLIP = 1.0
 """Per-example gradient clip norm C of the LDP-FedP3 runs."""
