@@ -50,3 +50,23 @@ def test_caff_table1_config_budgets_every_device():
         catalog.caff_table1_config("fedrolex", "gflops", 5.0, 3)
     with pytest.raises(ValueError, match="constraint='energy'"):
         catalog.caff_table1_config("caff", "energy", 5.0, 3)
+
+
+def test_caff_fig3_plan_follows_eq3_as_the_mix_changes(monkeypatch):
+    # costs: F_2^t 1/3 GFLOPs, F_4^t 1.5/2/5/6 GFLOPs; weak devices have 2, strong 6
+    table = pd.DataFrame([{"layers": l, "scheme": "freeze", "trained": t, "memory_mb": 1.0, "upload_mb": 1.0,
+                           "gflops": g} for l, t, g in [(2, 1, 1), (2, 2, 3), (4, 1, 1.5), (4, 2, 2), (4, 3, 5),
+                                                        (4, 4, 6)]])
+    monkeypatch.setitem(catalog._CAFF_TABLE1_TABLES, "ci", {"caff": table})
+    monkeypatch.setitem(catalog.CAFF_FIG3_BUDGETS, "ci", (2.0, 6.0))
+    monkeypatch.setattr(catalog, "caff_fig1_depths", lambda scale="cpu": (2, 4))
+    plan = catalog.caff_fig3_plan("ci").set_index(["weak_share", "layers"])
+    # weak: t = 1 on F_2, 2 on F_4; strong: 2 on F_2, 4 on F_4 -> F_4 has the larger mean at every mix
+    assert plan.loc[(0.5, 4), "mean_trained"] == 3.0 and plan.loc[(0.5, 2), "mean_trained"] == 1.5
+    assert plan.loc[(0.0, 4), "selected"] and plan.loc[(1.0, 4), "selected"] and not plan.loc[(1.0, 2), "selected"]
+    assert (plan.loc[(0.25, 4), "t_weak"], plan.loc[(0.25, 4), "t_strong"]) == (2, 4)
+    cfg = catalog.caff_fig3_config(0.25, 4, scale="ci")
+    assert cfg.heterogeneity == "0.5:0.25,1.0:0.75" and dict(cfg.method_options)["architecture"] == 4
+    assert dict(cfg.method_options)["budgets"] == {"0.5": {"gflops": 2.0}, "1": {"gflops": 6.0}}
+    with pytest.raises(ValueError, match="weak_share=0.3"):
+        catalog.caff_fig3_config(0.3, 4, scale="ci")

@@ -357,6 +357,67 @@ def caff_table1_configs(*, scale: str = "cpu", seed: int = 0) -> list[Experiment
             for r in plan.itertuples() if r.mark != "—"]
 
 
+# ---- CAFF Fig. 3: the architecture-selection ablation ---------------------------------------------------------
+CAFF_FIG3_BUDGETS = {"ci": (1e6, 1e6), "cpu": (4.0, 6.6)}
+"""Per scale, the compute budgets (GFLOPs per mini-batch) of Fig. 3's two device groups, (weak, strong). At the cpu
+scale the weak devices can train ``F_3^3``, ``F_6^2`` or ``F_9^1`` and the strong ones ``F_3^3``, ``F_6^6`` or
+``F_9^6`` (:func:`caff_resource_tables`), so the architecture Eq. (3) picks changes with the mix."""
+
+CAFF_FIG3_WEAK_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
+"""The fractions of weak devices of Fig. 3 (the paper mixes the two groups from 0 to 100 %)."""
+
+
+def _fig3_heterogeneity(share: float) -> str:
+    """Keep-ratio spec of a mix: weak devices are the group ``"0.5"``, strong ones ``"1"`` (the keep ratio only
+    names the group; CAFF reads the budgets)."""
+    return f"0.5:{share:g},1.0:{1 - share:g}"
+
+
+def caff_fig3_plan(scale: str = "cpu") -> "pd.DataFrame":
+    """Fig. 3's table: per weak share and pretrained depth ``l``, the trained blocks of a weak and of a strong device
+    (``t_weak``, ``t_strong``: the largest ``t`` within the budget), the mean over the population (Eq. 3's
+    objective, with the engine's group sizes of 100 devices) and whether Eq. (3) selects ``l`` (ties → deeper)."""
+    import pandas as pd
+
+    from ..methods.caff import select_architecture, trainable_layers
+
+    if scale not in CAFF_FIG3_BUDGETS:
+        raise ValueError(f"scale={scale!r} is not valid; accepted: {', '.join(CAFF_FIG3_BUDGETS)}")
+    table = caff_resource_tables(scale)["caff"]
+    weak, strong = ({"gflops": g} for g in CAFF_FIG3_BUDGETS[scale])
+    rows = []
+    for share in CAFF_FIG3_WEAK_SHARES:
+        n_weak = round(share * 100)
+        selection = select_architecture(table, [weak] * n_weak + [strong] * (100 - n_weak))  # Eqs. (2)-(3)
+        for layers in caff_fig1_depths(scale):
+            rows.append({"weak_share": share, "layers": layers, "t_weak": trainable_layers(table, layers, weak),
+                         "t_strong": trainable_layers(table, layers, strong),
+                         "mean_trained": selection.candidates.get(layers, float("nan")),
+                         "feasible": layers in selection.candidates, "selected": layers == selection.layers})
+    return pd.DataFrame(rows)
+
+
+def caff_fig3_config(weak_share: float, layers: int, *, scale: str = "cpu", seed: int = 0) -> ExperimentConfig:
+    """One bar of Fig. 3: CAFF with the architecture fixed to ``F_layers`` (option ``architecture``) and every
+    device training the largest ``t_c`` within its group's compute budget (:data:`CAFF_FIG3_BUDGETS`), a fraction
+    ``weak_share`` of the devices weak. Fig. 1's setting otherwise."""
+    if weak_share not in CAFF_FIG3_WEAK_SHARES:
+        raise ValueError(f"weak_share={weak_share!r} is not valid; accepted: "
+                         f"{', '.join(map(str, CAFF_FIG3_WEAK_SHARES))}")
+    weak, strong = CAFF_FIG3_BUDGETS[scale]
+    base = caff_fig1_config("layers", layers, 1, scale=scale, seed=seed)
+    options = dict(pretrained=scale, architecture=layers, layers=(layers,),
+                   budgets={"0.5": {"gflops": float(weak)}, "1": {"gflops": float(strong)}})
+    return base.replace(method="caff", heterogeneity=_fig3_heterogeneity(weak_share), method_options=options)
+
+
+def caff_fig3_configs(*, scale: str = "cpu", seed: int = 0) -> list[ExperimentConfig]:
+    """Every feasible (weak share, depth) of :func:`caff_fig3_plan` as a run configuration."""
+    plan = caff_fig3_plan(scale)
+    return [caff_fig3_config(r.weak_share, int(r.layers), scale=scale, seed=seed) for r in plan.itertuples()
+            if r.feasible]
+
+
 # ---- Spectral sharding and PriSM chapters -------------------------------------------------------------------
 SPECTRAL_KEEP = {"r0.1": "0.1", "r0.2": "0.2", "mixed": "0.2:0.6,0.4:0.4", "r1": "1.0"}
 """Keep-ratio settings of spectral sharding's Table 1 (homogeneous r = 0.1 / 0.2; 60 % of the clients at 0.2 and
