@@ -196,17 +196,19 @@ def svd_refresh_seconds(model: torch.nn.Module, repeats: int = 3) -> pd.DataFram
     return pd.DataFrame(rows, columns=["layer", "shape", "seconds"])
 
 
+def _client_round_bytes(ledger: pd.DataFrame, direction: str) -> pd.Series:
+    """Bytes per (round, client) sent in ``direction`` in one run's ledger, the JSON ``__config__`` row left out."""
+    rows = ledger[(ledger.direction == direction) & (ledger.name != "__config__")]
+    return rows.groupby(["round", "client"])["bytes"].sum()
+
+
 def client_round_bytes(results: Iterable[RunResult], direction: str = "down") -> float:
     """Mean bytes one client received (``direction="down"``) or sent (``"up"``) in one round, over every
     (round, client) of ``results``' ledgers; the JSON ``__config__`` row is left out. Under FedP3's global pruning the
     download is the deployed model's size on the wire (kept values plus masks or index lists)."""
     if direction not in ("down", "up"):
         raise ValueError(f"direction={direction!r} is not valid; accepted: down, up")
-    totals = []
-    for r in results:
-        ledger = r.ledger
-        rows = ledger[(ledger.direction == direction) & (ledger.name != "__config__")]
-        totals.extend(rows.groupby(["round", "client"])["bytes"].sum().tolist())
+    totals = [b for r in results for b in _client_round_bytes(r.ledger, direction).tolist()]
     if not totals:
         raise ValueError(f"no {direction!r} traffic in the ledgers of results (empty results or no rounds run)")
     return float(sum(totals) / len(totals))
@@ -239,8 +241,7 @@ def upload_savings(results: Iterable[RunResult], *, reference: str = "fedavg", b
     rows = []
     for r in results:
         ledger = r.ledger
-        up = ledger[(ledger.direction == "up") & (ledger.name != "__config__")]
-        per = up.groupby(["round", "client"])["bytes"].sum()
+        per = _client_round_bytes(ledger, "up")
         row = {**{b: getattr(r.config, b) for b in by}, "client_rounds": len(per), "bytes_total": float(per.sum())}
         if model is not None:
             row["layers_total"] = float(upload_audit(ledger, model).units_up.map(len).sum())

@@ -337,8 +337,10 @@ def caff_table1_config(method: str, constraint: str, level: float, layers: int, 
     rank / rank ratio within the budget."""
     if method not in CAFF_TABLE1_METHODS:
         raise ValueError(f"method={method!r} is not valid; accepted: {', '.join(CAFF_TABLE1_METHODS)}")
-    if constraint not in ("memory_mb", "upload_mb", "gflops"):
-        raise ValueError(f"constraint={constraint!r} is not valid; accepted: memory_mb, upload_mb, gflops")
+    from ..methods.finetuning_common import CONSTRAINT_COLUMNS
+
+    if constraint not in CONSTRAINT_COLUMNS.values():
+        raise ValueError(f"constraint={constraint!r} is not valid; accepted: {', '.join(CONSTRAINT_COLUMNS.values())}")
     base = caff_fig1_config("layers", layers, 1, scale=scale, seed=seed)
     budgets = {"1": {constraint: float(level)}}  # every device is in group "1" (homogeneous keep ratio 1.0)
     if method == "caff":
@@ -611,10 +613,6 @@ FEDP3_AGGREGATIONS = ("simple", "weighted", "attention")
 FEDP3_FIG5_METHODS = ("opu123", "opu23")
 """Fig. 5's variants, in which clients train different numbers of layers (so "weighted" differs from "simple")."""
 
-FEDP3_OPTION_DEFAULTS = {"global_keep": 1.0, "local_pruning": "fixed", "aggregation": "simple"}
-"""The FedP3 options at which a variant is the plain Fig. 2 run; :func:`fedp3_variant_config` leaves these out of
-the config, so the ablations' baseline cells are the very runs of Fig. 2 (one cache entry, not two)."""
-
 FEDP3_LDP_NOISE = (0.0, 0.6, 1.0, 1.5, 2.5)
 """Noise multipliers σ of the LDP-FedP3 privacy–utility curve (DP-SGD in local training, clip norm
 :data:`FEDP3_LDP_CLIP`): larger σ, smaller ε. σ = 0 keeps DP-SGD's per-example clipping and Poisson batches without
@@ -630,9 +628,12 @@ FEDP3_LDP_DELTA = 1e-5
 def fedp3_variant_config(split: str = "S2", *, method: str = FEDP3_ABLATION_METHOD, dataset: str = "fmnist",
                          scale: str = "cpu", seed: int = 0, **method_options) -> ExperimentConfig:
     """A FedP3 ablation run (:func:`fedp3_config`) with ``method_options`` such as ``global_keep``, ``local_pruning``,
-    ``aggregation``; options at their defaults (:data:`FEDP3_OPTION_DEFAULTS`) are left out of the config."""
-    options = {k: v for k, v in method_options.items()
-               if not (k in FEDP3_OPTION_DEFAULTS and v == FEDP3_OPTION_DEFAULTS[k])}
+    ``aggregation``. Options equal to the method's own defaults are left out of the config, so the ablations'
+    baseline cells (P = 1, fixed, simple) are the very runs of Fig. 2: one cache entry, not two."""
+    from ..methods import METHODS
+
+    defaults = METHODS[method].options
+    options = {k: v for k, v in method_options.items() if not (k in defaults and v == defaults[k])}
     return fedp3_config(method, split, dataset=dataset, scale=scale, seed=seed, **options)
 
 
