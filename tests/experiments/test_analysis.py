@@ -189,3 +189,31 @@ def test_ordering_check_marks_a_diverged_run():
         [{"round": 2, "metric": "diverged", "value": 1.0, "group": "global"}])])
     row = ordering_check(runs).iloc[0]
     assert (row["status"], row["best"]) == ("diverged", "fjord") and row["margin"] != row["margin"]
+
+
+def test_weak_device_f1_table_rebuilds_the_final_model(tmp_path):
+    import numpy as np
+
+    from subfl.experiments.analysis import final_models, group_class_probabilities, weak_device_f1_table
+    from subfl.experiments.runner import prepare_data
+    from subfl.metrics.fairness import model_predictions
+
+    cfg = make_config("fedavg", "digits", partition="dirichlet", alpha=0.1, scale="ci", heterogeneity="0.5:0.5,1.0:0.5")
+    result = run_experiment(cfg, tmp_path / "run", cache=False)
+    row = weak_device_f1_table([result]).iloc[0]
+    # the rebuilt global model scores exactly the accuracy the engine recorded at the last round
+    assert row.accuracy == pytest.approx(result.final(), abs=1e-12)
+    weak, strong = group_class_probabilities(cfg, ["0.5"]), group_class_probabilities(cfg, ["1"])
+    assert weak.sum() == pytest.approx(1.0) and strong.sum() == pytest.approx(1.0)
+    assert not np.allclose(weak, strong)  # alpha = 0.1: the two halves hold different classes
+    # by hand: F1 per class from the predictions, weighted by the weak devices' class shares
+    _, test, _ = prepare_data(cfg)
+    preds, truth = model_predictions(final_models(result)["global"], test)
+    f1 = []
+    for k in range(10):
+        tp = np.sum((preds == k) & (truth == k))
+        denom = 2 * tp + np.sum((preds == k) & (truth != k)) + np.sum((preds != k) & (truth == k))
+        f1.append(2 * tp / denom if denom else 0.0)
+    assert row.weak_f1 == pytest.approx(float(np.dot(weak, f1)), abs=1e-12)
+    with pytest.raises(ValueError, match="no client is in groups"):
+        group_class_probabilities(cfg, ["0.25"])

@@ -424,12 +424,86 @@ def pretrained_zero_shot(config: ExperimentConfig, depths: Sequence[int] | None 
     rows = []
     for layers in depths:
         model = factory(layers=layers)
-        load_pretrained(model, pretrain(preset("lm", source, layers), data_root))
+        kind = "lm" if dataset.task == "next_token" else "vit"
+        load_pretrained(model, pretrain(preset(kind, source, layers), data_root))
         rows.append({"layers": layers, **evaluate(model, test, task=dataset.task)})
     return pd.DataFrame(rows, columns=["layers", "accuracy", "loss", "perplexity"])
 
 
+def _server_context(config: ExperimentConfig, dataset) -> "ServerContext":
+    """The :class:`~subfl.methods.base.ServerContext` a run of ``config`` gives its method (as the runner builds it)."""
+    from ..methods.base import ServerContext
+    from .runner import ModelFactory
+
+    return ServerContext(model_fn=ModelFactory(config, dataset), training=config.training, rounds=config.rounds,
+                         seed=config.seed, num_classes=dataset.num_classes, input_shape=dataset.input_shape,
+                         task=dataset.task, device="cpu", num_clients=config.num_clients,
+                         extra={"heterogeneity_levels": tuple(config.heterogeneity_setting.levels)})
+
+
+def final_models(result: RunResult, data_root: str | None = None) -> dict[str, torch.nn.Module]:
+    """The models a finished run is evaluated with (its method's ``evaluation_models`` of the saved final server
+    state, ``{"global": …, group: …}``), rebuilt on the CPU. A diverged run raises ``ValueError``."""
+    from ..methods import make_method
+    from .runner import prepare_data
+
+    if result.diverged:
+        raise ValueError(f"run {result.config.label()} diverged; its final model is not a result")
+    dataset, _, _ = prepare_data(result.config, data_root)
+    method = make_method(result.config.method, **dict(result.config.method_options))
+    return method.evaluation_models(result.state(), _server_context(result.config, dataset))
+
+
+def group_class_probabilities(config: ExperimentConfig, groups: Sequence[str],
+                              data_root: str | None = None) -> "np.ndarray":
+    """The class occurrence probabilities of the training samples held by the clients whose profile group is in
+    ``groups`` (CAFF §4.4's ``p_k`` of the weak devices when ``groups`` are the weak ones; the engine's own profile
+    draw of round 1 and the run's partition, local test sets excluded)."""
+    from ..metrics.fairness import class_occurrence_probabilities
+    from .runner import client_splits, prepare_data
+
+    dataset, _, parts = prepare_data(config, data_root)
+    parts, _ = client_splits(config, parts)
+    profiles = config.heterogeneity_setting.profiles(config.num_clients, config.seed, 1)
+    wanted = {str(g) for g in groups}
+    members = [p.client_id for p in profiles if p.group in wanted]
+    if not members:
+        raise ValueError(f"no client is in groups {sorted(wanted)}; the run's groups are "
+                         f"{sorted({p.group for p in profiles})}")
+    labels = dataset.train.labels
+    return class_occurrence_probabilities([labels[parts[c]] for c in members], dataset.num_classes)
+
+
+def weak_device_f1_table(results: Iterable[RunResult], weak_groups: Sequence[str] = ("0.5",),
+                         strong_groups: Sequence[str] = ("1",), data_root: str | None = None) -> pd.DataFrame:
+    """CAFF §4.4 for every finished run: the global model's class-specific F1 on the run's test set, weighted by the
+    weak devices' class occurrence probabilities (``weak_f1``, :func:`subfl.metrics.fairness.weak_device_f1`) and,
+    for contrast, by the strong devices' (``strong_f1``); ``macro_f1`` (unweighted mean over the classes present in
+    the test set) and ``accuracy`` of the same predictions. Diverged runs get NaN."""
+    import numpy as np
+
+    from ..metrics.fairness import class_f1, confusion_matrix, model_predictions
+    from .runner import prepare_data
+
+    rows = []
+    for result in results:
+        config = result.config
+        row = {"method": config.method, "heterogeneity": config.heterogeneity, "seed": config.seed}
+        if result.diverged:
+            rows.append({**row, "weak_f1": np.nan, "strong_f1": np.nan, "macro_f1": np.nan, "accuracy": np.nan})
+            continue
+        dataset, test, _ = prepare_data(config, data_root)
+        preds, truth = model_predictions(final_models(result, data_root)["global"], test)
+        f1 = class_f1(confusion_matrix(preds, truth, dataset.num_classes))
+        present = np.bincount(truth, minlength=dataset.num_classes) > 0
+        weak = group_class_probabilities(config, weak_groups, data_root)
+        strong = group_class_probabilities(config, strong_groups, data_root)
+        rows.append({**row, "weak_f1": float(weak @ f1), "strong_f1": float(strong @ f1),
+                     "macro_f1": float(f1[present].mean()), "accuracy": float((preds == truth).mean())})
+    return pd.DataFrame(rows)
+
+
 __all__ = ["IMAGE_SHAPES", "best_within_cost", "client_levels", "client_round_bytes", "finding_status", "finetuning_costs",
-           "finetuning_setting", "finetuning_table", "mean_std_labels", "ordering_check", "payload_by_level",
-           "pretrained_zero_shot", "stage_seconds", "svd_refresh_seconds", "upload_savings", "width_costs",
-           "width_table"]
+           "final_models", "finetuning_setting", "finetuning_table", "group_class_probabilities", "mean_std_labels", "ordering_check", "payload_by_level",
+           "pretrained_zero_shot", "stage_seconds", "svd_refresh_seconds", "upload_savings",
+           "weak_device_f1_table", "width_costs", "width_table"]

@@ -225,23 +225,83 @@ def caff_fig1_runs(*, seeds: Sequence[int] = (0,), scale: str = "cpu",
     return [r for cfg in caff_fig1_configs(scale=scale) for r in run_seeds(cfg, seeds, data_root=data_root)]
 
 
+# ---- CAFF tasks: Shakespeare (tiny GPT) and CIFAR-10 (tiny ViT) -----------------------------------------------
+CAFF_TASKS = ("shakespeare", "cifar10")
+"""The downstream tasks of CAFF's Tables 1–2 the book runs: next-token prediction on Shakespeare with the pretrained
+tiny language models (Fig. 1's setting, :func:`caff_fig1_config`) and image classification on CIFAR-10's classes
+5–9 (``cifar10_downstream``, the classes the ViTs were not pretrained on) with the pretrained tiny ViTs. CIFAR-100,
+the paper's third task, is not available offline."""
+
+# CIFAR-10 at the cpu scale: the 20k-train / 10k-test JPEG subset's classes 5-9 (dog, frog, horse, ship, truck;
+# 10,000 training images, 2,000 of the 5,000 test images scored), Dirichlet alpha = 0.1 over the five classes across
+# 100 devices (CAFF §4.4's label skew, which the weak-device F1 needs), Fig. 1's federated schedule: 5 devices per
+# round, 5 local AdamW steps of 16 images, 20 rounds, lr 3e-4 constant.
+_CAFF_VIT_SIZES = {
+    "ci": dict(num_clients=4, clients_per_round=2, rounds=2, local_steps=2, batch_size=4, eval_every=1,
+               max_train_samples=200, max_test_samples=64, lr=3e-4),
+    "cpu": dict(num_clients=100, clients_per_round=5, rounds=20, local_steps=5, batch_size=16, eval_every=10,
+                max_train_samples=None, max_test_samples=2000, lr=3e-4),
+    "paper": dict(num_clients=100, clients_per_round=10, rounds=100, local_steps=20, batch_size=16, eval_every=10,
+                  max_train_samples=None, max_test_samples=5000, lr=3e-4, device="cuda"),
+}
+
+
+def _check_task(task: str) -> None:
+    if task not in CAFF_TASKS:
+        raise ValueError(f"task={task!r} is not valid; accepted: {', '.join(CAFF_TASKS)}")
+
+
+def caff_task_config(task: str, layers: int, *, scale: str = "cpu", seed: int = 0) -> ExperimentConfig:
+    """The finetuning setting of one task with the pretrained ``F_layers`` (method ``caff`` training ``F_l^1``; the
+    tables replace the method and its options): ``shakespeare`` — Fig. 1's (:func:`caff_fig1_config`); ``cifar10`` —
+    the ViT family on ``cifar10_downstream`` with the sizes of ``_CAFF_VIT_SIZES`` (Dirichlet α = 0.1)."""
+    _check_task(task)
+    if task == "shakespeare":
+        return caff_fig1_config("layers", layers, 1, scale=scale, seed=seed)
+    depths = caff_fig1_depths(scale)
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers not in depths:
+        raise ValueError(f"layers={layers!r} is not valid at scale {scale!r}; accepted: "
+                         f"{', '.join(map(str, depths))} (the depths with pretrained weights)")
+    options = dict(pretrained=scale, architecture=layers, layers=(layers,), trained_layers=1)
+    return make_config("caff", "cifar10_downstream", "tiny_vit", "dirichlet", scale=scale, seed=seed, alpha=0.1,
+                       width=1.0, optimizer="adamw", weight_decay=0.0, local_epochs=1, lr_schedule="constant",
+                       method_options=options, **_CAFF_VIT_SIZES[scale])
+
+
 # ---- CAFF Table 1: homogeneous constraints --------------------------------------------------------------------
-CAFF_TABLE1_METHODS = ("caff", "hetlora", "fedhm")
-"""The methods of CAFF's Table 1 the library runs on transformers: CAFF, HetLoRA and FedHM. The paper's fourth,
-FedRolex, is not run: the width-slicing methods of :mod:`subfl.methods.width` have no budget-driven width choice
-(the CAFF appendix's Eq. 7) for the tiny transformers."""
+CAFF_TABLE1_METHODS = ("caff", "hetlora", "fedhm", "fedrolex-ft")
+"""The methods of CAFF's Table 1: CAFF, HetLoRA, FedHM and FedRolex (``fedrolex-ft``: FedRolex's rolling width
+window on the pretrained transformer, heads kept whole, the width chosen from the budgets —
+:mod:`subfl.methods.width_finetuning`)."""
 
 CAFF_TABLE1_LEVELS = {
     "ci": {"memory_mb": (1e6,), "upload_mb": (1e6,), "gflops": (1e6,)},
     "cpu": {"memory_mb": (25.0, 40.0, 65.0), "upload_mb": (1.3, 2.2, 3.5), "gflops": (4.0, 5.3, 6.6)},
 }
-"""Per scale, the three levels of each constraint of Table 1 — peak training memory (MB), upload per round (MB),
-GFLOPs per mini-batch — every device having the same budget and the two other constraints unset. The paper's
-levels fit its models (context 256, vocabulary of OpenWebText's tokenizer); ours are scaled to the book's family
-(vocabulary 2,048, 64-token windows, mini-batch 16) so that the level admits from 1 to 6 trained blocks for CAFF
-(measured: memory ``F_9^1`` 24.9 MB, ``F_6^3`` 38.9 MB, ``F_9^6`` 63.2 MB; upload 1.23 / 2.13 / 3.47 MB for t = 1 / 3
-/ 6; compute ``F_3^3`` 3.51, ``F_6^5`` 5.30, ``F_9^6`` 6.57 GFLOPs) and the low levels exclude some baselines.
-At ``ci`` one unconstrained level (a smoke test)."""
+"""Per scale, the three levels of each constraint of Table 1 on Shakespeare — peak training memory (MB), upload per
+round (MB), GFLOPs per mini-batch — every device having the same budget and the two other constraints unset. The
+paper's levels fit its models (context 256, vocabulary of OpenWebText's tokenizer); ours are scaled to the book's
+family (vocabulary 2,048, 64-token windows, mini-batch 16) so that the level admits from 1 to 6 trained blocks for
+CAFF (measured: memory ``F_9^1`` 24.9 MB, ``F_6^3`` 38.9 MB, ``F_9^6`` 63.2 MB; upload 1.23 / 2.13 / 3.47 MB for
+t = 1 / 3 / 6; compute ``F_3^3`` 3.51, ``F_6^5`` 5.30, ``F_9^6`` 6.57 GFLOPs) and the low levels exclude some
+baselines. At ``ci`` one unconstrained level (a smoke test)."""
+
+CAFF_TABLE1_VIT_LEVELS = {
+    "ci": {"memory_mb": (1e6,), "upload_mb": (1e6,), "gflops": (1e6,)},
+    "cpu": {"memory_mb": (60.0, 120.0, 200.0), "upload_mb": (1.0, 3.0, 6.0), "gflops": (4.0, 8.0, 12.0)},
+}
+"""The same for CIFAR-10 with the tiny ViTs (embedding 192, 65 tokens, mini-batch 16), chosen from their measured
+costs (:func:`caff_resource_tables`) by the same rule: from one to about six trained blocks for CAFF."""
+
+
+def caff_table1_levels(scale: str = "cpu", task: str = "shakespeare") -> dict[str, tuple[float, ...]]:
+    """Table 1's levels of each constraint for ``task`` at ``scale``."""
+    _check_task(task)
+    levels = CAFF_TABLE1_LEVELS if task == "shakespeare" else CAFF_TABLE1_VIT_LEVELS
+    if scale not in levels:
+        raise ValueError(f"scale={scale!r} is not valid; accepted: {', '.join(levels)}")
+    return levels[scale]
+
 
 CAFF_TABLE1_LORA_RANKS = (24, 12, 6, 3)
 """The LoRA ranks HetLoRA may give a device (its default)."""
@@ -249,36 +309,70 @@ CAFF_TABLE1_LORA_RANKS = (24, 12, 6, 3)
 CAFF_TABLE1_RANK_RATIOS = (1.0, 0.5, 0.25, 0.125)
 """The rank ratios FedHM may give a device (its default; 1 = the dense model)."""
 
-_CAFF_TABLE1_TABLES: dict[str, dict] = {}
+CAFF_WIDTHS = (1.0, 0.5, 0.25, 0.125)
+"""The width scales the width-slicing baselines may give a device (CAFF appendix Eq. 7; their default)."""
+
+CAFF_SETTING_KEYS = {"hetlora": "rank", "fedhm": "rank_ratio", "depthfl": "depth", "heterofl-ft": "width",
+                     "fjord-ft": "width", "fedrolex-ft": "width"}
+"""The resource-table column each baseline chooses its per-device configuration by."""
+
+_CAFF_TABLE1_TABLES: dict[tuple[str, str], dict] = {}
 
 
-def caff_resource_tables(scale: str = "cpu") -> dict[str, "pd.DataFrame"]:
-    """The measured costs every Table 1 method chooses from at ``scale``, for each pretrained depth
-    (:func:`caff_fig1_depths`) on the Fig. 1 mini-batch: ``"caff"`` — every ``F_l^t``; ``"hetlora"`` — LoRA at
-    :data:`CAFF_TABLE1_LORA_RANKS`; ``"fedhm"`` — the factorised model at :data:`CAFF_TABLE1_RANK_RATIOS`. Measured
-    once per process (:func:`subfl.costs.finetuning.resource_table`, ``fedhm_resource_table``), as the methods measure
-    them when a run starts."""
-    if scale not in _CAFF_TABLE1_TABLES:
+def _task_batch(task: str, scale: str):
+    import torch
+
+    if task == "shakespeare":
+        sizes = _CAFF_FIG1_SIZES[scale]
+        return torch.zeros(sizes["batch_size"], sizes["dataset_options"]["seq_len"], dtype=torch.long)
+    return torch.zeros(_CAFF_VIT_SIZES[scale]["batch_size"], 3, 32, 32)
+
+
+def _task_model(task: str, scale: str, layers: int, width: float = 1.0) -> nn.Module:
+    """The task's pretrained architecture ``F_layers`` at ``width`` (randomly initialised: costs depend on shapes)."""
+    from ..models import build_model
+    from .pretraining import preset as pretrain_preset
+
+    if task == "shakespeare":
+        vocab = pretrain_preset("lm", scale).vocab_size
+        seq_len = _CAFF_FIG1_SIZES[scale]["dataset_options"]["seq_len"]
+        return build_model("tiny_gpt", num_classes=vocab, input_shape=(seq_len,), layers=layers, vocab_size=vocab,
+                           width=width)
+    return build_model("tiny_vit", num_classes=5, input_shape=(3, 32, 32), layers=layers, width=width)
+
+
+def caff_resource_tables(scale: str = "cpu", task: str = "shakespeare") -> dict[str, "pd.DataFrame"]:
+    """The measured costs every method of Tables 1–2 chooses from at ``scale`` on ``task``, for each pretrained depth
+    (:func:`caff_fig1_depths`) on the task's mini-batch: ``"caff"`` — every ``F_l^t``; ``"hetlora"`` — LoRA at
+    :data:`CAFF_TABLE1_LORA_RANKS`; ``"fedhm"`` — the factorised model at :data:`CAFF_TABLE1_RANK_RATIOS`;
+    ``"depthfl"`` — every depth ``d`` with its exits; ``"width"`` — the head-preserving width slices at
+    :data:`CAFF_WIDTHS` (the three width-slicing baselines share it). Measured once per process with the functions
+    the methods measure with when a run starts."""
+    _check_task(task)
+    if (scale, task) not in _CAFF_TABLE1_TABLES:
         import pandas as pd
-        import torch
 
         from ..costs.finetuning import resource_table
+        from ..methods.depthfl import depthfl_resource_table
         from ..methods.fedhm import fedhm_resource_table
-        from ..models import build_model
-        from .pretraining import preset as pretrain_preset
+        from ..methods.width_finetuning import width_resource_table
 
-        vocab = pretrain_preset("lm", scale).vocab_size
-        sizes = _CAFF_FIG1_SIZES[scale]
-        seq_len, batch_size = sizes["dataset_options"]["seq_len"], sizes["batch_size"]
-        batch = torch.zeros(batch_size, seq_len, dtype=torch.long)
-        models = {l: build_model("tiny_gpt", num_classes=vocab, input_shape=(seq_len,), layers=l, vocab_size=vocab)
-                  for l in caff_fig1_depths(scale)}
-        _CAFF_TABLE1_TABLES[scale] = {
+        batch = _task_batch(task, scale)
+        models = {l: _task_model(task, scale, l) for l in caff_fig1_depths(scale)}
+        build = lambda layers, width=1.0: _task_model(task, scale, layers, width)  # noqa: E731
+        _CAFF_TABLE1_TABLES[(scale, task)] = {
             "caff": resource_table(models, batch),
             "hetlora": resource_table(models, batch, trained_layers=(), lora_ranks=CAFF_TABLE1_LORA_RANKS),
             "fedhm": pd.concat([fedhm_resource_table(m, CAFF_TABLE1_RANK_RATIOS, batch) for m in models.values()],
+                               ignore_index=True),
+            "depthfl": pd.concat([depthfl_resource_table(m, batch) for m in models.values()], ignore_index=True),
+            "width": pd.concat([width_resource_table(build, l, CAFF_WIDTHS, batch) for l in models],
                                ignore_index=True)}
-    return _CAFF_TABLE1_TABLES[scale]
+    return _CAFF_TABLE1_TABLES[(scale, task)]
+
+
+def _method_table(tables: dict, method: str):
+    return tables["width"] if method.endswith("-ft") else tables[method]
 
 
 def _largest_within(table, key: str, layers: int, budget: dict) -> float | None:
@@ -288,10 +382,24 @@ def _largest_within(table, key: str, layers: int, budget: dict) -> float | None:
     return largest_fitting(rows_for(rows, key, rows[key].tolist()), budget)
 
 
-def caff_table1_plan(scale: str = "cpu") -> "pd.DataFrame":
-    """What every method of Table 1 trains at every constraint level at ``scale`` (:data:`CAFF_TABLE1_LEVELS`), from
-    :func:`caff_resource_tables`. One row per (constraint, level, method) with ``layers`` (the depth ``l``, or
-    ``None``), ``setting`` (CAFF: trained blocks ``t``; HetLoRA: rank; FedHM: rank ratio) and ``mark``:
+def _baseline_choice(table, key: str, chosen: int | None, depths: Sequence[int], budgets: dict[str, dict],
+                     ) -> tuple[int | None, dict[str, float | None], str]:
+    """A baseline's plan under group budgets: the model CAFF chose if every group has a configuration on it, else
+    the deepest model where every group has one (``"†"``), else none (``"—"``). Returns ``(layers, {group: its
+    largest configuration}, mark)``."""
+    order = ([chosen] if chosen else []) + [l for l in sorted(depths, reverse=True) if l != chosen]
+    for layers in order:
+        settings = {g: _largest_within(table, key, layers, b) for g, b in budgets.items()}
+        if all(v is not None for v in settings.values()):
+            return layers, settings, "" if layers == chosen else "†"
+    return None, {g: None for g in budgets}, "—"
+
+
+def caff_table1_plan(scale: str = "cpu", task: str = "shakespeare") -> "pd.DataFrame":
+    """What every method of Table 1 trains at every constraint level of ``task`` at ``scale``
+    (:func:`caff_table1_levels`), from :func:`caff_resource_tables`. One row per (constraint, level, method) with
+    ``layers`` (the depth ``l``, or ``None``), ``setting`` (CAFF: trained blocks ``t``; HetLoRA: rank; FedHM: rank
+    ratio; FedRolex: width scale) and ``mark``:
 
     * CAFF: Eq. (3) over the pretrained depths (:func:`subfl.methods.caff.select_architecture`); ``"—"`` when no depth
       is feasible;
@@ -302,14 +410,12 @@ def caff_table1_plan(scale: str = "cpu") -> "pd.DataFrame":
 
     from ..methods.caff import select_architecture
 
-    if scale not in CAFF_TABLE1_LEVELS:
-        raise ValueError(f"scale={scale!r} is not valid; accepted: {', '.join(CAFF_TABLE1_LEVELS)}")
-    tables = caff_resource_tables(scale)
-    depths = sorted(caff_fig1_depths(scale), reverse=True)
-    keys = {"hetlora": "rank", "fedhm": "rank_ratio"}
+    levels = caff_table1_levels(scale, task)
+    tables = caff_resource_tables(scale, task)
+    depths = caff_fig1_depths(scale)
     rows = []
-    for constraint, levels in CAFF_TABLE1_LEVELS[scale].items():
-        for level in levels:
+    for constraint, values in levels.items():
+        for level in values:
             budget = {constraint: level}
             try:
                 selection = select_architecture(tables["caff"], [budget])
@@ -318,44 +424,140 @@ def caff_table1_plan(scale: str = "cpu") -> "pd.DataFrame":
                 chosen, t = None, None
             rows.append({"constraint": constraint, "level": level, "method": "caff", "layers": chosen,
                          "setting": t, "mark": "" if chosen else "—"})
-            for method in ("hetlora", "fedhm"):
-                order = ([chosen] if chosen else []) + [l for l in depths if l != chosen]
-                found = [(l, _largest_within(tables[method], keys[method], l, budget)) for l in order]
-                found = [(l, v) for l, v in found if v is not None]
-                layers, value = found[0] if found else (None, None)
-                mark = "—" if layers is None else ("" if layers == chosen else "†")
+            for method in CAFF_TABLE1_METHODS[1:]:
+                layers, settings, mark = _baseline_choice(_method_table(tables, method), CAFF_SETTING_KEYS[method],
+                                                          chosen, depths, {"1": budget})
                 rows.append({"constraint": constraint, "level": level, "method": method, "layers": layers,
-                             "setting": value, "mark": mark})
+                             "setting": settings["1"], "mark": mark})
     return pd.DataFrame(rows)
 
 
-def caff_table1_config(method: str, constraint: str, level: float, layers: int, *, scale: str = "cpu",
-                       seed: int = 0) -> ExperimentConfig:
-    """One cell of Table 1: Fig. 1's finetuning setting (:func:`caff_fig1_config`) with every device's budget
-    ``{constraint: level}``. ``caff`` chooses its architecture among the pretrained depths itself (Eq. 3; ``layers``
-    must be the one :func:`caff_table1_plan` gives); ``hetlora`` / ``fedhm`` finetune ``F_layers`` and choose their
-    rank / rank ratio within the budget."""
-    if method not in CAFF_TABLE1_METHODS:
-        raise ValueError(f"method={method!r} is not valid; accepted: {', '.join(CAFF_TABLE1_METHODS)}")
+def _check_constraint(constraint: str) -> None:
     from ..methods.finetuning_common import CONSTRAINT_COLUMNS
 
     if constraint not in CONSTRAINT_COLUMNS.values():
         raise ValueError(f"constraint={constraint!r} is not valid; accepted: {', '.join(CONSTRAINT_COLUMNS.values())}")
-    base = caff_fig1_config("layers", layers, 1, scale=scale, seed=seed)
+
+
+def _baseline_options(method: str, layers: int, budgets: dict) -> dict:
+    """A baseline's options for a table cell: the depth it finetunes, its configuration choices and the budgets."""
+    choices = {"hetlora": dict(ranks=CAFF_TABLE1_LORA_RANKS), "fedhm": dict(rank_ratios=CAFF_TABLE1_RANK_RATIOS),
+               "depthfl": {}}.get(method, dict(widths=CAFF_WIDTHS))
+    return dict(architecture=layers, **choices, budgets=budgets)
+
+
+def caff_table1_config(method: str, constraint: str, level: float, layers: int, *, scale: str = "cpu",
+                       seed: int = 0, task: str = "shakespeare") -> ExperimentConfig:
+    """One cell of Table 1: the task's finetuning setting (:func:`caff_task_config`) with every device's budget
+    ``{constraint: level}``. ``caff`` chooses its architecture among the pretrained depths itself (Eq. 3; ``layers``
+    must be the one :func:`caff_table1_plan` gives); the baselines finetune ``F_layers`` and choose their rank /
+    rank ratio / width within the budget."""
+    if method not in CAFF_TABLE1_METHODS:
+        raise ValueError(f"method={method!r} is not valid; accepted: {', '.join(CAFF_TABLE1_METHODS)}")
+    _check_constraint(constraint)
+    base = caff_task_config(task, layers, scale=scale, seed=seed)
     budgets = {"1": {constraint: float(level)}}  # every device is in group "1" (homogeneous keep ratio 1.0)
     if method == "caff":
         options = dict(layers=caff_fig1_depths(scale), budgets=budgets)
-    elif method == "hetlora":
-        options = dict(architecture=layers, ranks=CAFF_TABLE1_LORA_RANKS, budgets=budgets)
     else:
-        options = dict(architecture=layers, rank_ratios=CAFF_TABLE1_RANK_RATIOS, budgets=budgets)
+        options = _baseline_options(method, layers, budgets)
     return base.replace(method=method, method_options=dict(pretrained=scale, **options))
 
 
-def caff_table1_configs(*, scale: str = "cpu", seed: int = 0) -> list[ExperimentConfig]:
+def caff_table1_configs(*, scale: str = "cpu", seed: int = 0, task: str = "shakespeare") -> list[ExperimentConfig]:
     """Every feasible cell of :func:`caff_table1_plan` as a run configuration."""
-    plan = caff_table1_plan(scale)
-    return [caff_table1_config(r.method, r.constraint, r.level, int(r.layers), scale=scale, seed=seed)
+    plan = caff_table1_plan(scale, task)
+    return [caff_table1_config(r.method, r.constraint, r.level, int(r.layers), scale=scale, seed=seed, task=task)
+            for r in plan.itertuples() if r.mark != "—"]
+
+
+# ---- CAFF Table 2: heterogeneous constraints -------------------------------------------------------------------
+CAFF_TABLE2_METHODS = ("caff", "hetlora", "fedhm", "depthfl", "heterofl-ft", "fjord-ft", "fedrolex-ft")
+"""The seven methods of CAFF's Table 2: CAFF, HetLoRA, FedHM, DepthFL and the three width-slicing methods on the
+pretrained transformers (:mod:`subfl.methods.width_finetuning`)."""
+
+CAFF_TABLE2_HETEROGENEITY = "0.5:0.5,1.0:0.5"
+"""Half the devices weak (group ``"0.5"``), half strong (group ``"1"``); the keep ratio only names the group."""
+
+CAFF_TABLE2_BUDGETS = {
+    "shakespeare": {"ci": {"memory_mb": (1e6, 1e6)},
+                    "cpu": {"memory_mb": (40.0, 65.0), "upload_mb": (1.3, 3.5), "gflops": (4.0, 6.6)}},
+    "cifar10": {"ci": {"memory_mb": (1e6, 1e6)},
+                "cpu": {"memory_mb": (120.0, 200.0), "upload_mb": (1.0, 6.0), "gflops": (4.0, 12.0)}},
+}
+"""Per task and scale, the (weak, strong) budget of each constraint of Table 2: the weak group gets a low level of
+Table 1, the strong group its highest (the two other constraints unset)."""
+
+
+def caff_table2_budgets(scale: str = "cpu", task: str = "shakespeare") -> dict[str, tuple[float, float]]:
+    """Table 2's (weak, strong) budgets of each constraint for ``task`` at ``scale``."""
+    _check_task(task)
+    if scale not in CAFF_TABLE2_BUDGETS[task]:
+        raise ValueError(f"scale={scale!r} is not valid; accepted: {', '.join(CAFF_TABLE2_BUDGETS[task])}")
+    return CAFF_TABLE2_BUDGETS[task][scale]
+
+
+def _group_budgets(constraint: str, weak: float, strong: float) -> dict[str, dict[str, float]]:
+    return {"0.5": {constraint: float(weak)}, "1": {constraint: float(strong)}}
+
+
+def caff_table2_plan(scale: str = "cpu", task: str = "shakespeare") -> "pd.DataFrame":
+    """What every method of Table 2 trains under each constraint's (weak, strong) budgets (:func:`caff_table2_budgets`),
+    half the devices weak. One row per (constraint, method) with ``layers``, ``weak`` / ``strong`` (each group's
+    configuration: CAFF's ``t_c``, a rank, rank ratio, depth or width) and ``mark``. CAFF: Eq. (3) over the population
+    of 50 weak and 50 strong devices; the baselines: as in :func:`caff_table1_plan`, on a model where *both* groups
+    have a configuration (``"†"``: a shallower one than CAFF's; ``"—"``: none)."""
+    import pandas as pd
+
+    from ..methods.caff import select_architecture, trainable_layers
+
+    tables = caff_resource_tables(scale, task)
+    depths = caff_fig1_depths(scale)
+    rows = []
+    for constraint, (weak, strong) in caff_table2_budgets(scale, task).items():
+        budgets = _group_budgets(constraint, weak, strong)
+        try:
+            chosen = select_architecture(tables["caff"], [budgets["0.5"]] * 50 + [budgets["1"]] * 50).layers
+            settings = {g: trainable_layers(tables["caff"], chosen, b) for g, b in budgets.items()}
+        except ValueError:
+            chosen, settings = None, {"0.5": None, "1": None}
+        rows.append({"constraint": constraint, "weak_budget": weak, "strong_budget": strong, "method": "caff",
+                     "layers": chosen, "weak": settings["0.5"], "strong": settings["1"], "mark": "" if chosen else "—"})
+        for method in CAFF_TABLE2_METHODS[1:]:
+            layers, settings, mark = _baseline_choice(_method_table(tables, method), CAFF_SETTING_KEYS[method],
+                                                      chosen, depths, budgets)
+            rows.append({"constraint": constraint, "weak_budget": weak, "strong_budget": strong, "method": method,
+                         "layers": layers, "weak": settings["0.5"], "strong": settings["1"], "mark": mark})
+    return pd.DataFrame(rows)
+
+
+def caff_table2_config(method: str, constraint: str, layers: int, *, scale: str = "cpu", seed: int = 0,
+                       task: str = "shakespeare") -> ExperimentConfig:
+    """One cell of Table 2: the task's finetuning setting with half the devices weak (:data:`CAFF_TABLE2_HETEROGENEITY`)
+    and the groups' budgets of ``constraint`` (:func:`caff_table2_budgets`); every method finetunes ``F_layers`` (for
+    CAFF, the depth Eq. (3) picks for the whole population — :func:`caff_table2_plan` — fixed with option
+    ``architecture`` so that the first round's sample does not stand in for the population)."""
+    if method not in CAFF_TABLE2_METHODS:
+        raise ValueError(f"method={method!r} is not valid; accepted: {', '.join(CAFF_TABLE2_METHODS)}")
+    _check_constraint(constraint)
+    budgets_by_constraint = caff_table2_budgets(scale, task)
+    if constraint not in budgets_by_constraint:
+        raise ValueError(f"constraint={constraint!r} has no Table 2 budgets at scale {scale!r}; accepted: "
+                         f"{', '.join(budgets_by_constraint)}")
+    budgets = _group_budgets(constraint, *budgets_by_constraint[constraint])
+    base = caff_task_config(task, layers, scale=scale, seed=seed)
+    if method == "caff":
+        options = dict(layers=caff_fig1_depths(scale), architecture=layers, budgets=budgets)
+    else:
+        options = _baseline_options(method, layers, budgets)
+    return base.replace(method=method, heterogeneity=CAFF_TABLE2_HETEROGENEITY,
+                        method_options=dict(pretrained=scale, **options))
+
+
+def caff_table2_configs(*, scale: str = "cpu", seed: int = 0, task: str = "shakespeare") -> list[ExperimentConfig]:
+    """Every feasible cell of :func:`caff_table2_plan` as a run configuration."""
+    plan = caff_table2_plan(scale, task)
+    return [caff_table2_config(r.method, r.constraint, int(r.layers), scale=scale, seed=seed, task=task)
             for r in plan.itertuples() if r.mark != "—"]
 
 

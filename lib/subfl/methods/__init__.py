@@ -18,6 +18,7 @@ from .caff import CAFF
 from .hetlora import HetLoRA
 from .fedhm import FedHM
 from .depthfl import DepthFL
+from .width_finetuning import FedRolexFinetuning, FjORDFinetuning, HeteroFLFinetuning
 
 METHODS: dict[str, type[Method]] = {
     FedAvg.name: FedAvg,
@@ -30,6 +31,9 @@ METHODS: dict[str, type[Method]] = {
     HetLoRA.name: HetLoRA,  # CAFF's LoRA baseline (methods/hetlora.py)
     FedHM.name: FedHM,  # CAFF's low-rank factorisation baseline (methods/fedhm.py)
     DepthFL.name: DepthFL,  # CAFF's depth-wise early-exit baseline (methods/depthfl.py)
+    # CAFF's width-slicing baselines on pretrained transformers, head-aware (methods/width_finetuning.py)
+    HeteroFLFinetuning.name: HeteroFLFinetuning, FjORDFinetuning.name: FjORDFinetuning,
+    FedRolexFinetuning.name: FedRolexFinetuning,
 }
 
 
