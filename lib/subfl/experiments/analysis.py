@@ -441,29 +441,26 @@ def _server_context(config: ExperimentConfig, dataset) -> "ServerContext":
                          extra={"heterogeneity_levels": tuple(config.heterogeneity_setting.levels)})
 
 
-def final_models(result: RunResult, data_root: str | None = None) -> dict[str, torch.nn.Module]:
-    """The models a finished run is evaluated with (its method's ``evaluation_models`` of the saved final server
-    state, ``{"global": …, group: …}``), rebuilt on the CPU. A diverged run raises ``ValueError``."""
+def _evaluation_models(result: RunResult, dataset) -> dict[str, torch.nn.Module]:
     from ..methods import make_method
-    from .runner import prepare_data
 
-    if result.diverged:
-        raise ValueError(f"run {result.config.label()} diverged; its final model is not a result")
-    dataset, _, _ = prepare_data(result.config, data_root)
     method = make_method(result.config.method, **dict(result.config.method_options))
     return method.evaluation_models(result.state(), _server_context(result.config, dataset))
 
 
-def group_class_probabilities(config: ExperimentConfig, groups: Sequence[str],
-                              data_root: str | None = None) -> "np.ndarray":
-    """The class occurrence probabilities of the training samples held by the clients whose profile group is in
-    ``groups`` (CAFF §4.4's ``p_k`` of the weak devices when ``groups`` are the weak ones; the engine's own profile
-    draw of round 1 and the run's partition, local test sets excluded)."""
-    from ..metrics.fairness import class_occurrence_probabilities
-    from .runner import client_splits, prepare_data
+def final_models(result: RunResult, data_root: str | None = None) -> dict[str, torch.nn.Module]:
+    """The models a finished run is evaluated with (its method's ``evaluation_models`` of the saved final server
+    state, ``{"global": …, group: …}``), rebuilt on the CPU. A diverged run raises ``ValueError``."""
+    from .runner import prepare_data
 
-    dataset, _, parts = prepare_data(config, data_root)
-    parts, _ = client_splits(config, parts)
+    if result.diverged:
+        raise ValueError(f"run {result.config.label()} diverged; its final model is not a result")
+    return _evaluation_models(result, prepare_data(result.config, data_root)[0])
+
+
+def _group_probabilities(config: ExperimentConfig, dataset, train_parts, groups: Sequence[str]) -> "np.ndarray":
+    from ..metrics.fairness import class_occurrence_probabilities
+
     profiles = config.heterogeneity_setting.profiles(config.num_clients, config.seed, 1)
     wanted = {str(g) for g in groups}
     members = [p.client_id for p in profiles if p.group in wanted]
@@ -471,7 +468,18 @@ def group_class_probabilities(config: ExperimentConfig, groups: Sequence[str],
         raise ValueError(f"no client is in groups {sorted(wanted)}; the run's groups are "
                          f"{sorted({p.group for p in profiles})}")
     labels = dataset.train.labels
-    return class_occurrence_probabilities([labels[parts[c]] for c in members], dataset.num_classes)
+    return class_occurrence_probabilities([labels[train_parts[c]] for c in members], dataset.num_classes)
+
+
+def group_class_probabilities(config: ExperimentConfig, groups: Sequence[str],
+                              data_root: str | None = None) -> "np.ndarray":
+    """The class occurrence probabilities of the training samples held by the clients whose profile group is in
+    ``groups`` (CAFF §4.4's ``p_k`` of the weak devices when ``groups`` are the weak ones; the engine's own profile
+    draw of round 1 and the run's partition, local test sets excluded)."""
+    from .runner import client_splits, prepare_data
+
+    dataset, _, parts = prepare_data(config, data_root)
+    return _group_probabilities(config, dataset, client_splits(config, parts)[0], groups)
 
 
 def weak_device_f1_table(results: Iterable[RunResult], weak_groups: Sequence[str] = ("0.5",),
@@ -483,7 +491,7 @@ def weak_device_f1_table(results: Iterable[RunResult], weak_groups: Sequence[str
     import numpy as np
 
     from ..metrics.fairness import class_f1, confusion_matrix, model_predictions
-    from .runner import prepare_data
+    from .runner import client_splits, prepare_data
 
     rows = []
     for result in results:
@@ -492,12 +500,13 @@ def weak_device_f1_table(results: Iterable[RunResult], weak_groups: Sequence[str
         if result.diverged:
             rows.append({**row, "weak_f1": np.nan, "strong_f1": np.nan, "macro_f1": np.nan, "accuracy": np.nan})
             continue
-        dataset, test, _ = prepare_data(config, data_root)
-        preds, truth = model_predictions(final_models(result, data_root)["global"], test)
+        dataset, test, parts = prepare_data(config, data_root)  # once per run: model, test set and partition
+        train_parts = client_splits(config, parts)[0]
+        preds, truth = model_predictions(_evaluation_models(result, dataset)["global"], test)
         f1 = class_f1(confusion_matrix(preds, truth, dataset.num_classes))
         present = np.bincount(truth, minlength=dataset.num_classes) > 0
-        weak = group_class_probabilities(config, weak_groups, data_root)
-        strong = group_class_probabilities(config, strong_groups, data_root)
+        weak = _group_probabilities(config, dataset, train_parts, weak_groups)
+        strong = _group_probabilities(config, dataset, train_parts, strong_groups)
         rows.append({**row, "weak_f1": float(weak @ f1), "strong_f1": float(strong @ f1),
                      "macro_f1": float(f1[present].mean()), "accuracy": float((preds == truth).mean())})
     return pd.DataFrame(rows)
