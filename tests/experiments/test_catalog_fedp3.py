@@ -40,7 +40,7 @@ def test_fedp3_config_fashion_mnist_cpu_sizes():
 def test_fedp3_config_other_datasets_and_scales():
     cif = fedp3_config("fedavg", "S1", dataset="cifar10")
     assert (cif.model, cif.width, cif.num_clients, cif.clients_per_round, cif.rounds, cif.local_epochs) == (
-        "fedp3_cnn", 0.25, 20, 10, 40, 2)
+        "fedp3_cnn", 1.0, 20, 10, 40, 2)  # full width: the only one at which FedAvg clears the 0.60 bar
     assert (cif.lr, cif.weight_decay, cif.lr_schedule, cif.eval_every) == (0.02, 5e-4, "cosine", 5)
     fem = fedp3_config("lowerb", "S2", dataset="femnist")
     assert (fem.model, fem.width, fem.num_clients, fem.rounds, fem.lr) == ("fedp3_mlp", 1.0, 20, 40, 0.05)
@@ -180,3 +180,19 @@ def test_fedp3_variant_configs_leave_defaults_out():
     assert all(dict(c.method_options)["ldp_mechanism"] == "dpsgd" for c in ldp)
     with pytest.raises(ValueError, match="kind='blocks'"):
         catalog.fedp3_ablation_configs("blocks")
+
+
+def test_fedp3_block_config_rows_and_reference():
+    from subfl.experiments.catalog import FEDP3_BLOCK_PAPER, FEDP3_BLOCK_ROWS, fedp3_block_config
+
+    assert list(FEDP3_BLOCK_ROWS) == list(FEDP3_BLOCK_PAPER)
+    full, both = fedp3_block_config("Full"), fedp3_block_config("−B2−B3 full")
+    assert (full.method, full.model, full.width, full.norm, full.partition, full.alpha) == (
+        "fedp3-blocks", "resnet18", 0.125, "bn_nostats", "dirichlet_allocation", 0.5)
+    assert dict(full.method_options) == {} and dict(both.method_options) == {"excluded": ["layer2", "layer3"]}
+    assert both.replace(method_options={}) == full  # the rows differ in the excluded blocks only
+    reference = fedp3_block_config("", method="fedavg")
+    assert reference.replace(method="fedp3-blocks") == full
+    assert fedp3_block_config("Full", scale="ci").norm == "bn_nostats"
+    with pytest.raises(ValueError, match="row='-B4' is not valid"):
+        fedp3_block_config("-B4")

@@ -14,11 +14,13 @@ from .origdrop import OrigDrop
 from .spectral import SPECTRAL_METHODS
 from .flanc import FLANC
 from .fedp3 import FEDP3_METHODS
+from .fedp3_blocks import FedP3BlockAblation
 from .caff import CAFF
 from .hetlora import HetLoRA
 from .fedhm import FedHM
 from .depthfl import DepthFL
 from .width_finetuning import FedRolexFinetuning, FjORDFinetuning, HeteroFLFinetuning
+from .update_probe import UpdateProbe
 
 METHODS: dict[str, type[Method]] = {
     FedAvg.name: FedAvg,
@@ -27,6 +29,7 @@ METHODS: dict[str, type[Method]] = {
     **SPECTRAL_METHODS,  # spectral, topn, prism, prism+scaled, unbiased, collective, ... (methods/spectral.py)
     FLANC.name: FLANC,
     **FEDP3_METHODS,  # fedp3, lowerb, opu2, opu3, opu123, opu23 (methods/fedp3.py)
+    FedP3BlockAblation.name: FedP3BlockAblation,  # FedP3's ResNet-18 block ablation (methods/fedp3_blocks.py)
     CAFF.name: CAFF,
     HetLoRA.name: HetLoRA,  # CAFF's LoRA baseline (methods/hetlora.py)
     FedHM.name: FedHM,  # CAFF's low-rank factorisation baseline (methods/fedhm.py)
@@ -34,6 +37,7 @@ METHODS: dict[str, type[Method]] = {
     # CAFF's width-slicing baselines on pretrained transformers, head-aware (methods/width_finetuning.py)
     HeteroFLFinetuning.name: HeteroFLFinetuning, FjORDFinetuning.name: FjORDFinetuning,
     FedRolexFinetuning.name: FedRolexFinetuning,
+    UpdateProbe.name: UpdateProbe,  # a method's server update against FedAvg's from the same state (methods/update_probe.py)
 }
 
 
