@@ -678,6 +678,21 @@ def spectral_runs(keep: str = "r0.2", *, seeds: Sequence[int] = (0, 1), scale: s
     return [r for cfg in configs for r in run_seeds(cfg, seeds, data_root=data_root)]
 
 
+SPECTRAL_FIG4_METHODS = ("topn", "prism", "unbiased+cliplr", "collective+cliplr")
+"""The strategies of the update-cosine figure (spectral sharding Fig. 4): OrthDrop (top-n), PriSM, and the two
+optimal designs with the clipped learning rate."""
+
+
+def spectral_probe_config(method: str, keep: str = "r0.2", *, scale: str = "cpu", seed: int = 0,
+                          lr: float | None = SPECTRAL_LOW_LR) -> ExperimentConfig:
+    """The run of :func:`spectral_config` wrapped in the update probe (:mod:`subfl.methods.update_probe`): the same
+    trajectory, plus each round's cosine similarity between the strategy's server update and FedAvg's from the same
+    state. Default learning rate :data:`SPECTRAL_LOW_LR`, at which no strategy diverges."""
+    config = spectral_config(method, keep, scale=scale, seed=seed, lr=lr)
+    return config.replace(method="update-probe",
+                          method_options={"method": config.method, "method_options": dict(config.method_options)})
+
+
 SPECTRAL_ABLATIONS: dict[str, tuple[tuple[str, dict], ...]] = {
     "clipped learning rate (Table 3)": (("unbiased", {}), ("unbiased+cliplr", {}), ("collective", {}),
                                         ("collective+cliplr", {})),
