@@ -20,12 +20,14 @@ from .hetlora import HetLoRA
 from .fedhm import FedHM
 from .depthfl import DepthFL
 from .width_finetuning import FedRolexFinetuning, FjORDFinetuning, HeteroFLFinetuning
+from .splitmix import SplitMix
 from .update_probe import UpdateProbe
 
 METHODS: dict[str, type[Method]] = {
     FedAvg.name: FedAvg,
     HeteroFL.name: HeteroFL, FjORD.name: FjORD, FedRolex.name: FedRolex,
     OrigDrop.name: OrigDrop,  # PriSM's original-space baseline (methods/origdrop.py)
+    SplitMix.name: SplitMix,  # PriSM's ensemble baseline (methods/splitmix.py)
     **SPECTRAL_METHODS,  # spectral, topn, prism, prism+scaled, unbiased, collective, ... (methods/spectral.py)
     FLANC.name: FLANC,
     **FEDP3_METHODS,  # fedp3, lowerb, opu2, opu3, opu123, opu23 (methods/fedp3.py)
