@@ -70,3 +70,17 @@ def test_bad_exclusions_are_refused(excluded, match):
     _, ctx = _resnet_ctx()
     with pytest.raises(ValueError, match=match):
         make_method("fedp3-blocks", excluded=excluded).init(ctx)
+
+
+def test_every_block_unpruned_is_fedavg(tmp_path):
+    """With all nine blocks assigned (k = 9), nothing excluded and P = 1, equal-size iid clients: FedAvg exactly.
+    (Equal sizes matter: FedP3's simple mean and FedAvg's n_k weights differ otherwise.)"""
+    from subfl.experiments import make_config, run_experiment
+
+    common = dict(scale="ci", rounds=2, width=0.0625, norm="bn_nostats", partition="iid", max_train_samples=400)
+    probe = run_experiment(make_config("fedp3-blocks", "digits", "resnet18", **common,
+                                       method_options={"layers": [9], "global_keep": 1.0}), tmp_path / "a", cache=False)
+    fedavg = run_experiment(make_config("fedavg", "digits", "resnet18", **common), tmp_path / "b", cache=False)
+    assert probe.summary["client_samples"]["min"] == probe.summary["client_samples"]["max"] == 100
+    a, b = probe.state()["weights"], fedavg.state()["weights"]
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in b)
