@@ -188,11 +188,11 @@ def test_fedp3_block_config_rows_and_reference():
     assert list(FEDP3_BLOCK_ROWS) == list(FEDP3_BLOCK_PAPER)
     full, both = fedp3_block_config("Full"), fedp3_block_config("−B2−B3 full")
     assert (full.method, full.model, full.width, full.norm, full.partition, full.alpha) == (
-        "fedp3-blocks", "resnet18", 0.125, "bn_nostats", "dirichlet_allocation", 0.5)
+        "fedp3-blocks", "resnet18", 0.125, "bn", "dirichlet_allocation", 0.5)
     assert dict(full.method_options) == {} and dict(both.method_options) == {"excluded": ["layer2", "layer3"]}
     assert both.replace(method_options={}) == full  # the rows differ in the excluded blocks only
     reference = fedp3_block_config("", method="fedavg")
     assert reference.replace(method="fedp3-blocks") == full
-    assert fedp3_block_config("Full", scale="ci").norm == "bn_nostats"
+    assert fedp3_block_config("Full", scale="ci").norm == "bn"
     with pytest.raises(ValueError, match="row='-B4' is not valid"):
         fedp3_block_config("-B4")

@@ -7,12 +7,12 @@ computes that FedAvg update:
 
 * **server → client**: the method's own task, plus the dense global model ``W_t`` (the method's evaluation model)
   under the prefix ``fedavg-probe/``;
-* **on the client**: the method's local update as usual; then the dense model ``W_t`` trained on the same data
-  with the same training settings (FedAvg's local update), from a copy of the client's random generator taken
-  before the method's training, so both see the same mini-batches;
+* **on the client**: the method's local update as usual; then :class:`~subfl.methods.fedavg.FedAvg`'s local update
+  of the dense model ``W_t`` on the same data, from a copy of the client's random generator taken before the
+  method's training, so both see the same mini-batches;
 * **server**: the method aggregates its own updates as usual (the run's trajectory is the method's, bit for bit);
-  FedAvg's updates are averaged with weights n_k (McMahan et al., Alg. 1) into ``W_fedavg``, compared, and
-  discarded.
+  FedAvg's aggregation (weights n_k, McMahan et al., Alg. 1) of the FedAvg updates gives ``W_fedavg``, which is
+  compared and discarded.
 
 With ``Δ_m = W_{t+1} − W_t`` (the method's new dense model minus the old one) and ``Δ_f = W_fedavg − W_t``, over the
 dense model's parameters (buffers such as BatchNorm statistics left out), the history gets per round:
@@ -29,19 +29,20 @@ same architecture.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
+import dataclasses
+import functools
 import math
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
-from ..fl.aggregation import weighted_average
-from ..fl.training import ClientDataset, train_epochs
+from ..fl.training import ClientDataset
 from ..fl.types import ClientProfile, Task, Update
 from . import fedavg, origdrop, spectral
 from .base import ClientContext, Method, ServerContext, ServerState, clone_tensors
+from .fedavg import FedAvg
 
 PREFIX = "fedavg-probe/"
 """Prefix of the probe's tensors in tasks and updates."""
@@ -95,6 +96,7 @@ class UpdateProbe(Method):
         if not isinstance(inner_options, dict):
             raise ValueError(f"option method_options must be a dict or None, got {inner_options!r}")
         self.inner = make_method(self.config["method"], **inner_options)
+        self.reference = FedAvg()
 
     @staticmethod
     def _model_overrides(state: ServerState) -> dict[str, Any]:
@@ -110,17 +112,18 @@ class UpdateProbe(Method):
     def configure(self, state: ServerState, round: int, clients: Sequence[ClientProfile],
                   ctx: ServerContext) -> dict[int, Task]:
         tasks = self.inner.configure(state, round, clients, ctx)
-        dense = {PREFIX + k: v for k, v in clone_tensors(self._dense(state, ctx).state_dict()).items()}
-        probe = {"train": ctx.train_config(round), "model_overrides": self._model_overrides(state)}
-        return {cid: Task(t.client_id, t.round, {**t.tensors, **dense}, {**t.config, "probe": probe})
+        dense = {"weights": clone_tensors(self._dense(state, ctx).state_dict())}  # FedAvg's state at W_t
+        references = self.reference.configure(dense, round, clients, ctx)
+        overrides = self._model_overrides(state)
+        return {cid: Task(t.client_id, t.round, {**t.tensors, **_prefixed(references[cid].tensors)},
+                          {**t.config, "probe": {"config": references[cid].config, "model_overrides": overrides}})
                 for cid, t in tasks.items()}
 
     def aggregate(self, state: ServerState, round: int, updates: Sequence[Update],
                   ctx: ServerContext) -> ServerState:
-        own = [Update(u.client_id, {k: v for k, v in u.tensors.items() if not k.startswith(PREFIX)}, u.n_samples,
-                      u.stats) for u in updates]
-        reference = weighted_average([{k[len(PREFIX):]: v for k, v in u.tensors.items() if k.startswith(PREFIX)}
-                                      for u in updates], [u.n_samples for u in updates])
+        own = [Update(u.client_id, _split(u.tensors)[0], u.n_samples, u.stats) for u in updates]
+        references = [Update(u.client_id, _split(u.tensors)[1], u.n_samples, {}) for u in updates]
+        reference = self.reference.aggregate({}, round, references, ctx)["weights"]
         old_model = self._dense(state, ctx)
         new_state = self.inner.aggregate({k: v for k, v in state.items() if k != "probe"}, round, own, ctx)
         names = [n for n, p in old_model.named_parameters() if p.is_floating_point()]
@@ -137,18 +140,27 @@ class UpdateProbe(Method):
     # ----- client side -------------------------------------------------------------------------------
     def local_update(self, task: Task, data: ClientDataset, ctx: ClientContext) -> Update:
         probe = task.config["probe"]
-        inner_config = {k: v for k, v in task.config.items() if k != "probe"}
-        inner_task = Task(task.client_id, task.round, {k: v for k, v in task.tensors.items()
-                                                       if not k.startswith(PREFIX)}, inner_config)
+        own, dense = _split(task.tensors)
         generator = torch.Generator()
-        generator.set_state(ctx.generator.get_state())
-        update = self.inner.local_update(inner_task, data, ctx)
-        model = ctx.model_fn(**probe["model_overrides"]).to(ctx.device)
-        model.load_state_dict({k[len(PREFIX):]: v for k, v in task.tensors.items() if k.startswith(PREFIX)})
-        stats = train_epochs(model, data, probe["train"], generator, device=ctx.device)
-        tensors = {**update.tensors, **{PREFIX + k: v for k, v in clone_tensors(model.state_dict()).items()}}
-        return Update(update.client_id, tensors, update.n_samples,
-                      {**update.stats, "probe_loss": stats.get("loss")})
+        generator.set_state(ctx.generator.get_state())  # before the method draws: the same mini-batches for both
+        update = self.inner.local_update(
+            Task(task.client_id, task.round, own, {k: v for k, v in task.config.items() if k != "probe"}), data, ctx)
+        reference_ctx = dataclasses.replace(
+            ctx, model_fn=functools.partial(ctx.model_fn, **probe["model_overrides"]), generator=generator)
+        reference = self.reference.local_update(Task(task.client_id, task.round, dense, probe["config"]), data,
+                                                reference_ctx)
+        return Update(update.client_id, {**update.tensors, **_prefixed(reference.tensors)}, update.n_samples,
+                      {**update.stats, "probe_loss": reference.stats.get("loss")})
+
+
+def _prefixed(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {PREFIX + k: v for k, v in tensors.items()}
+
+
+def _split(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(the method's own tensors, the probe's tensors with the prefix removed)."""
+    own = {k: v for k, v in tensors.items() if not k.startswith(PREFIX)}
+    return own, {k[len(PREFIX):]: v for k, v in tensors.items() if k.startswith(PREFIX)}
 
 
 __all__ = ["PREFIX", "PROBED_MODULES", "UpdateProbe", "probed_methods", "update_similarity"]
