@@ -217,3 +217,35 @@ def test_weak_device_f1_table_rebuilds_the_final_model(tmp_path):
     assert row.weak_f1 == pytest.approx(float(np.dot(weak, f1)), abs=1e-12)
     with pytest.raises(ValueError, match="no client is in groups"):
         group_class_probabilities(cfg, ["0.25"])
+
+
+def test_recalibrate_batchnorm_sets_the_exact_input_statistics():
+    import torch
+
+    from subfl.experiments.analysis import recalibrate_batchnorm
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+    x = torch.randn(70, 1, 6, 6) * 3 + 1
+    model[1].running_mean.fill_(5.0)
+    recalibrate_batchnorm(model, x, batch_size=14)  # 5 batches of 14
+    h = model[0](x).detach().transpose(0, 1).reshape(4, 5, -1)  # channel, batch, values
+    bn = model[1]
+    assert torch.allclose(bn.running_mean, h.mean(dim=(1, 2)), atol=1e-5)  # equal batches: the exact mean
+    assert torch.allclose(bn.running_var, h.var(dim=2).mean(dim=1), rtol=1e-4)  # mean of the batch variances
+    assert not model.training
+    with pytest.raises(ValueError, match="batch_size"):
+        recalibrate_batchnorm(model, x, batch_size=0)
+
+
+def test_bn_recalibrated_accuracy_starts_from_the_engines_final_accuracy(tmp_path):
+    from subfl.experiments.analysis import bn_recalibrated_accuracy
+
+    cfg = make_config("fedavg", "digits", model="cnn", norm="bn", partition="dirichlet", alpha=0.1, scale="ci")
+    result = run_experiment(cfg, tmp_path / "bn", cache=False)
+    scores = bn_recalibrated_accuracy(result)
+    assert scores["accuracy"] == pytest.approx(result.final(), abs=1e-12)
+    assert 0.0 <= scores["recalibrated_accuracy"] <= 1.0
+    plain = run_experiment(make_config("fedavg", "digits", scale="ci"), tmp_path / "plain", cache=False)
+    with pytest.raises(ValueError, match="no BatchNorm"):
+        bn_recalibrated_accuracy(plain)

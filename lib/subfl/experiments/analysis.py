@@ -512,7 +512,53 @@ def weak_device_f1_table(results: Iterable[RunResult], weak_groups: Sequence[str
     return pd.DataFrame(rows)
 
 
-__all__ = ["IMAGE_SHAPES", "best_within_cost", "client_levels", "client_round_bytes", "finding_status", "finetuning_costs",
+def recalibrate_batchnorm(model: torch.nn.Module, samples: torch.Tensor, batch_size: int = 256) -> torch.nn.Module:
+    """Recompute, in place, every BatchNorm layer's running statistics from its inputs over ``samples``, weights
+    unchanged (:func:`torch.optim.swa_utils.update_bn`: one pass in batches of ``batch_size``; each statistic is
+    the plain average over the batches of the batch's mean and unbiased variance). Returns ``model`` in eval mode."""
+    from torch.optim.swa_utils import update_bn
+
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} is not valid; accepted: an integer >= 1")
+    if len(samples) == 0:
+        raise ValueError("samples is empty; accepted: at least one sample")
+    with torch.no_grad():
+        update_bn([samples[i:i + batch_size] for i in range(0, len(samples), batch_size)], model)
+    return model.eval()
+
+
+def bn_recalibrated_accuracy(result: RunResult, data_root: str | None = None, *,
+                             batch_size: int = 256) -> dict[str, float]:
+    """Global test accuracy of a finished run's global model before and after recomputing every BatchNorm layer's
+    running statistics on the clients' training samples (the union of their training parts, local test sets
+    excluded), weights unchanged: ``{"accuracy": …, "recalibrated_accuracy": …}``.
+
+    A diagnostic, not a method: it tells whether a model fails through its weights or only through stale
+    normalisation statistics (for example blocks whose statistics were never aggregated). The statistics are
+    recomputed with :func:`torch.optim.swa_utils.update_bn` (a cumulative average over one pass, no
+    augmentation). A model without BatchNorm raises ``ValueError``; so does a diverged run.
+    """
+    import numpy as np
+
+    from ..metrics.fairness import model_predictions
+    from .runner import client_splits, prepare_data
+
+    if result.diverged:
+        raise ValueError(f"run {result.config.label()} diverged; its final model is not a result")
+    config = result.config
+    dataset, test, parts = prepare_data(config, data_root)
+    model = _evaluation_models(result, dataset)["global"]
+    if not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+               for m in model.modules()):
+        raise ValueError(f"run {config.label()}: its model has no BatchNorm layer with running statistics")
+    preds, truth = model_predictions(model, test)
+    before = float((preds == truth).mean())
+    indices = torch.as_tensor(np.sort(np.concatenate(client_splits(config, parts)[0])))
+    preds, truth = model_predictions(recalibrate_batchnorm(model, dataset.train.x[indices], batch_size), test)
+    return {"accuracy": before, "recalibrated_accuracy": float((preds == truth).mean())}
+
+
+__all__ = ["IMAGE_SHAPES", "best_within_cost", "bn_recalibrated_accuracy", "recalibrate_batchnorm", "client_levels", "client_round_bytes", "finding_status", "finetuning_costs",
            "final_models", "finetuning_setting", "finetuning_table", "group_class_probabilities", "mean_std_labels", "ordering_check", "payload_by_level",
            "pretrained_zero_shot", "stage_seconds", "svd_refresh_seconds", "upload_savings",
            "weak_device_f1_table", "width_costs", "width_table"]
