@@ -78,6 +78,21 @@ def test_spectral_ablation_configs_share_the_table_one_runs():
         spectral_ablation_configs("Table 9")
 
 
+
+def test_spectral_heterogeneity_configs_share_the_training_tables_runs():
+    from subfl.experiments.catalog import (SPECTRAL_HETEROGENEITY, SPECTRAL_LOW_LR, spectral_config,
+                                           spectral_heterogeneity_config)
+    # alpha 0.1 is the training table's split: its runs at the low learning rate are reused, not re-run
+    assert spectral_heterogeneity_config("prism", "0.1") == spectral_config("prism", lr=SPECTRAL_LOW_LR)
+    iid = spectral_heterogeneity_config("topn", "iid", seed=1)
+    assert (iid.partition, iid.alpha, iid.seed, iid.heterogeneity, iid.lr) == ("iid", None, 1, "0.2", 0.005)
+    assert spectral_heterogeneity_config("fedavg", "10").alpha == 10.0
+    assert sum(len(m) for m in SPECTRAL_HETEROGENEITY.values()) == 24
+    with pytest.raises(ValueError, match="label_split='0.5'"):
+        spectral_heterogeneity_config("prism", "0.5")
+    with pytest.raises(ValueError, match="method='origdrop' is not run on split '10'"):
+        spectral_heterogeneity_config("origdrop", "10")
+
 @pytest.fixture(scope="module")
 def heterofl_run(tmp_path_factory):
     cfg = make_config("heterofl", "digits", "mlp", scale="ci", heterogeneity="0.5:0.5,1.0:0.5", rounds=2,

@@ -693,6 +693,31 @@ def spectral_probe_config(method: str, keep: str = "r0.2", *, scale: str = "cpu"
                           method_options={"method": config.method, "method_options": dict(config.method_options)})
 
 
+SPECTRAL_HETEROGENEITY: dict[str, tuple[str, ...]] = {
+    "iid": ("fedavg", "topn", "prism", "origdrop", "splitmix"),
+    "10": ("fedavg", "topn", "prism", "unbiased+cliplr", "collective+cliplr"),
+    "1": ("fedavg", "topn", "prism", "origdrop", "splitmix", "unbiased+cliplr", "collective+cliplr"),
+    "0.1": ("fedavg", "topn", "prism", "origdrop", "splitmix", "unbiased+cliplr", "collective+cliplr"),
+}
+"""Data-heterogeneity grid (spectral sharding Fig. 3: Dirichlet α = 1 vs 10 for the sampling strategies; PriSM
+Fig. 5: iid, α = 1 and α = 0.1 for PriSM, OrthDrop = top-n, OrigDrop and SplitMix): the label distribution
+(``"iid"`` or a Dirichlet α) → the methods run at keep ratio 0.2 and :data:`SPECTRAL_LOW_LR`."""
+
+
+def spectral_heterogeneity_config(method: str, label_split: str, *, scale: str = "cpu",
+                                  seed: int = 0) -> ExperimentConfig:
+    """One run of :data:`SPECTRAL_HETEROGENEITY`: ``method`` at keep ratio 0.2 and :data:`SPECTRAL_LOW_LR` on the
+    split ``label_split`` (``"iid"`` or a Dirichlet α such as ``"1"``) of the spectral training table's setting."""
+    if label_split not in SPECTRAL_HETEROGENEITY:
+        raise ValueError(f"label_split={label_split!r} is not valid; accepted: {', '.join(SPECTRAL_HETEROGENEITY)}")
+    if method not in SPECTRAL_HETEROGENEITY[label_split]:
+        raise ValueError(f"method={method!r} is not run on split {label_split!r}; accepted: "
+                         f"{', '.join(SPECTRAL_HETEROGENEITY[label_split])}")
+    if label_split == "iid":
+        return spectral_config(method, "r0.2", "iid", None, scale=scale, seed=seed, lr=SPECTRAL_LOW_LR)
+    return spectral_config(method, "r0.2", "dirichlet", float(label_split), scale=scale, seed=seed, lr=SPECTRAL_LOW_LR)
+
+
 SPECTRAL_ABLATIONS: dict[str, tuple[tuple[str, dict], ...]] = {
     "clipped learning rate (Table 3)": (("unbiased", {}), ("unbiased+cliplr", {}), ("collective", {}),
                                         ("collective+cliplr", {})),
