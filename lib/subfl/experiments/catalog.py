@@ -633,11 +633,11 @@ SPECTRAL_KEEP = {"r0.1": "0.1", "r0.2": "0.2", "mixed": "0.2:0.6,0.4:0.4", "r1":
 """Keep-ratio settings of spectral sharding's Table 1 (homogeneous r = 0.1 / 0.2; 60 % of the clients at 0.2 and
 40 % at 0.4, PriSM's Table 3 mix; r = 1) as heterogeneity specs."""
 
-SPECTRAL_METHODS = ("fedavg", "origdrop", "topn", "prism", "prism+wallenius", "prism+wallenius+cliplr",
+SPECTRAL_METHODS = ("fedavg", "origdrop", "splitmix", "topn", "prism", "prism+wallenius", "prism+wallenius+cliplr",
                     "unbiased+cliplr", "collective+cliplr")
-"""Table 1's rows at the cpu scale: the full-model reference, PriSM's two baselines (OrigDrop; OrthDrop = topn),
-PriSM, PriSM + Wallenius (without and with the clipped learning rate), and spectral sharding's two optimal designs
-with the clipped learning rate."""
+"""Table 1's rows at the cpu scale: the full-model reference, PriSM's three baselines (OrigDrop, SplitMix;
+OrthDrop = topn), PriSM, PriSM + Wallenius (without and with the clipped learning rate), and spectral sharding's
+two optimal designs with the clipped learning rate."""
 
 # CIFAR-10 at the cpu scale: exactly the chapter-1 reference setting (the FedAvg CNN at full width, 20 clients of
 # 1 000 images, 10 per round, 2 local epochs, 40 rounds, SGD lr 0.02 with momentum 0.9, cosine schedule), so the
