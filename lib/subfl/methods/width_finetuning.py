@@ -90,7 +90,8 @@ from torch import nn
 from ..costs.finetuning import in_table_units, training_step_cost
 from ..fl.training import ClientDataset
 from ..fl.types import ClientProfile, Task, Update
-from ..models.slicing import Offset, SliceIndices, average_slices, extract, slice_indices, state_shapes, window
+from ..models.slicing import (Offset, SliceIndices, _offset_for, average_slices, extract, slice_indices, state_shapes,
+                              window)
 from ..models.transformers import Attention, trainable_parameter_names
 from .base import ClientContext, Method, ServerContext, ServerState, clone_tensors
 from .fedhm import freeze_embeddings
@@ -98,12 +99,12 @@ from .finetuning_common import (DeviceBudget, as_budget, check_architecture, che
                                 declared_population, exceeded, fixed_depth, group_means, largest_fitting,
                                 measurement_batch, optimizer_state, pretrained_model, pretrained_source,
                                 resolve_budget, rows_for, table_rows, train_transformer)
-from .width import global_width, level_name, model_width
+from .width import FedRolex, _OrderedDropout, global_width, level_name, model_width
 
 DEFAULT_WIDTHS: tuple[float, ...] = (1.0, 0.5, 0.25, 0.125)
 """The candidate width scales ``s`` of every linear map."""
 
-ROLLS: tuple[str, ...] = ("unit", "window")
+ROLLS: tuple[str, ...] = FedRolex.ROLLS
 """FedRolex's window steps (option ``roll`` of ``fedrolex-ft``)."""
 
 
@@ -127,15 +128,8 @@ def check_roll(roll: Any) -> str:
 
 def rolling_offset(round: int, roll: str = "unit") -> Offset:
     """FedRolex's window start in ``round`` (1-based, ``r = round − 1``): ``r`` (``"unit"``) or
-    ``(K, k) -> r·k mod K`` (``"window"``), as :meth:`subfl.methods.width.FedRolex.offset`."""
-    r = max(0, int(round) - 1)
-    if check_roll(roll) == "window":
-        return lambda size, keep: (r * keep) % size
-    return r
-
-
-def _offset_for(offset: Offset, size: int, keep: int) -> int:
-    return int(offset(size, keep)) if callable(offset) else int(offset)
+    ``(K, k) -> r·k mod K`` (``"window"``) — :meth:`subfl.methods.width.FedRolex.offset` itself."""
+    return FedRolex(roll=check_roll(roll)).offset(round)
 
 
 # ----- head-aware slicing -------------------------------------------------------------------------------------------
@@ -256,9 +250,10 @@ def assign_width(rows: Mapping[float, Mapping[str, Any]], budget: Any) -> float:
 
 
 # ----- FjORD's ordered dropout ----------------------------------------------------------------------------------------
-class HeadAwareOrderedDropout(nn.Module):
+class HeadAwareOrderedDropout(_OrderedDropout):
     """The cap-width model run at a width drawn uniformly per forward pass (FjORD's ordered dropout, Horváth et al.,
-    NeurIPS 2021, Sec. 3), with head-aware leading slices.
+    NeurIPS 2021, Sec. 3), with head-aware leading slices: :class:`subfl.methods.width._OrderedDropout` (the draw,
+    ``counts``, train mode; no self-distillation) with another view of the cap model.
 
     A width ``q`` below the cap runs ``skeletons[q]`` (the ``q``-width architecture) through
     :func:`torch.func.functional_call` on the :func:`select_slice` of the cap model's tensors at ``indices[q]`` (the
@@ -268,13 +263,7 @@ class HeadAwareOrderedDropout(nn.Module):
 
     def __init__(self, cap_model: nn.Module, cap: float, skeletons: Mapping[float, nn.Module],
                  indices: Mapping[float, SliceIndices], widths: Sequence[float], generator: torch.Generator) -> None:
-        super().__init__()
-        self.cap_model = cap_model
-        self.cap = float(cap)
-        self.widths = [float(q) for q in widths]
-        self.generator = generator
-        self.counts: dict[str, int] = {}
-        object.__setattr__(self, "_skeletons", dict(skeletons))  # not submodules: their own weights are never used
+        super().__init__(cap_model, float(cap), dict(skeletons), [float(q) for q in widths], generator, distill=False)
         self._indices = dict(indices)
 
     def run(self, width: float, x: torch.Tensor) -> torch.Tensor:
@@ -285,17 +274,6 @@ class HeadAwareOrderedDropout(nn.Module):
         tensors = {name: select_slice(t, ix[name])
                    for name, t in chain(self.cap_model.named_parameters(), self.cap_model.named_buffers())}
         return torch.func.functional_call(self._skeletons[width], tensors, (x,))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q = self.widths[int(torch.randint(len(self.widths), (1,), generator=self.generator))]
-        self.counts[level_name(q)] = self.counts.get(level_name(q), 0) + 1
-        return self.run(q, x)
-
-    def train(self, mode: bool = True) -> "HeadAwareOrderedDropout":
-        super().train(mode)
-        for m in self._skeletons.values():
-            m.train(mode)
-        return self
 
 
 # ----- the methods ---------------------------------------------------------------------------------------------------
