@@ -62,3 +62,13 @@ def test_probe_refuses_methods_it_cannot_compare():
         make_method("update-probe", method="caff")
     with pytest.raises(ValueError, match="option method_options must be a dict"):
         make_method("update-probe", method="prism", method_options=[1])
+
+
+def test_probe_leaves_out_undefined_values_and_its_history_reads_back(tmp_path):
+    # cosine schedule: the last round's learning rate is lr_min = 0, both updates are zero, the cosine is undefined
+    result = run_experiment(_probe_config("fedavg", lr_schedule="cosine"), tmp_path / "probe", cache=False)
+    h = result.history  # read back from history.csv: a NaN written there could not be read
+    rounds = sorted(h[(h.metric == "update_cosine") & (h.group == "all")]["round"])
+    assert rounds == [1, 2]
+    np.testing.assert_allclose(_curve(result, "update_cosine"), 1.0, atol=1e-9)
+    assert not h.value.isna().any() and result.final() == result.final()

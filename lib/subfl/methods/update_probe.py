@@ -21,6 +21,9 @@ dense model's parameters (buffers such as BatchNorm statistics left out), the hi
   every weight matrix or convolution kernel (parameters with two or more dimensions);
 * ``update_norm_ratio`` / ``all``: ``‖Δ_m‖ / ‖Δ_f‖``.
 
+A value that is undefined in a round (a cosine with a zero update, a ratio with a zero FedAvg update — for example in
+the last round of a cosine learning-rate schedule, whose rate is ``lr_min = 0``) is not recorded for that round.
+
 The probe is a diagnostic: its ledger also records the probe's tensors (the dense model down, the FedAvg-trained
 model up), so a probe run's byte counts are not the method's. Each round costs one extra full-model local training
 per selected client. A method whose state names a normalisation (``state["norm"]``, e.g. the spectral methods'
@@ -135,7 +138,10 @@ class UpdateProbe(Method):
         return self.inner.evaluation_models(state, ctx)
 
     def round_metrics(self, state: ServerState, round: int) -> dict[tuple[str, str], float]:
-        return {**self.inner.round_metrics(state, round), **state.get("probe", {})}
+        """The method's own metrics and the probe's, leaving out the probe's undefined ones (NaN: a zero update, e.g.
+        in a round whose learning rate is 0)."""
+        defined = {k: v for k, v in state.get("probe", {}).items() if not math.isnan(v)}
+        return {**self.inner.round_metrics(state, round), **defined}
 
     # ----- client side -------------------------------------------------------------------------------
     def local_update(self, task: Task, data: ClientDataset, ctx: ClientContext) -> Update:
