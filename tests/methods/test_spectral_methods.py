@@ -20,7 +20,7 @@ from subfl.models import build_model
 from subfl.models.factorized import (FactorizedConv2d, FactorizedLinear, build_submodel, decomposable_layers,
                                      decompose, dense_weight, factorize, factorized_modules, layer_specs, read_factors,
                                      set_omega)
-from subfl.sampling import keep_count, unbiased_inclusion, wallenius_inclusion
+from subfl.sampling import collective_inclusion, keep_count, unbiased_inclusion, wallenius_inclusion
 from .helpers import Factory
 
 
@@ -340,3 +340,25 @@ def test_diagnostics_reach_the_history(tmp_path):
     assert set(ranks["round"]) == {1, 2} and (ranks.value > 1).all()
     anme_rows = h[h.metric == "anme"]
     assert set(anme_rows.group) == {"0.5"} and ((anme_rows.value > 0) & (anme_rows.value <= 1)).all()
+
+
+def test_collective_solves_its_design_per_keep_ratio_group():
+    """Mixed keep ratios (PriSM Table 3, spectral Table 1 "mixed"): each group of clients sharing a keep ratio gets
+    Theorem 3.2's design for its own size C — a lone 0.2 client (C = 1) the truncated SVD with omega = 1, each of
+    three 0.4 clients omega_i = 3 / (1 + 2 pi_i)."""
+    method = make_method("collective")
+    ctx = _ctx(SMALL_MLP, num_clients=4)
+    state = method.init(ctx)
+    lam = state["factors"]["layers.3"]["singular_values"].numpy()
+    profiles = [ClientProfile(0, 0.2), ClientProfile(1, 0.4), ClientProfile(2, 0.4), ClientProfile(3, 0.4)]
+    tasks = method.configure(state, 1, profiles, ctx)
+    alone = tasks[0]
+    assert sorted(alone.config["terms"]["layers.3"]) == sorted(np.argsort(-lam)[:keep_count(10, 0.2)].tolist())
+    assert alone.tensors["layers.3.omega"].tolist() == [1.0] * keep_count(10, 0.2)
+    pi, omega = collective_inclusion(lam, keep_count(10, 0.4), clients=3)
+    for cid in (1, 2, 3):
+        idx = tasks[cid].config["terms"]["layers.3"]
+        assert len(idx) == keep_count(10, 0.4) == 4
+        assert np.allclose(tasks[cid].tensors["layers.3.omega"].numpy(), omega[idx], rtol=1e-5)
+    _, omega_all = collective_inclusion(lam, 4, clients=4)  # one design for all four would differ
+    assert not np.allclose(omega, omega_all)
