@@ -74,3 +74,89 @@ def test_execute_runs_stale_notebooks_in_parallel_with_provenance(tmp_path):
     assert book.execute("ci", jobs=2, root=tmp_path) == []  # nothing stale any more
     with pytest.raises(ValueError, match="jobs"):
         book.execute("ci", jobs=0, root=tmp_path)
+
+
+def _notebook(path, code):
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+    nb = new_notebook(cells=[new_markdown_cell("# t"), new_code_cell("scale = None\ndata_root = None",
+                                                                      metadata={"tags": ["parameters"]}),
+                             new_code_cell(code)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+def test_page_dependencies_follow_the_notebooks_imports(tmp_path):
+    sampling = book.page_dependencies(_notebook(tmp_path / "a.ipynb", "from subfl.sampling import sample_cps"))
+    assert "sampling/samplers.py" in sampling["files"] and "sampling/__init__.py" in sampling["files"]
+    assert not any(f.startswith(("methods/", "fl/", "models/")) for f in sampling["files"])
+    assert sampling["entries"] == {}
+    # a page that runs experiments may name any method or model: it depends on every entry and its module
+    runs = book.page_dependencies(_notebook(tmp_path / "b.ipynb", "%matplotlib inline\n"
+                                                                  "from subfl.experiments import run_seeds"))
+    from subfl.methods import METHODS
+    assert {f"method:{name}" for name in METHODS} <= set(runs["entries"]) and "model:cnn" in runs["entries"]
+    assert {"methods/spectral.py", "models/cnn.py", "experiments/runner.py"} <= set(runs["files"])
+    # registries count by their entries, the book builder and the cache not at all
+    for absent in ("methods/__init__.py", "models/names.py", "data/names.py", "book.py", "cli.py",
+                   "experiments/cache.py"):
+        assert absent not in runs["files"]
+    assert all(len(d) == 16 for d in runs["files"].values())
+
+
+@pytest.fixture
+def executed_root(tmp_path):
+    _notebook(tmp_path / "notebooks" / "ch" / "a.ipynb", "from subfl.experiments import make_config\n"
+                                                          "rounds = make_config('fedavg', 'digits', scale='ci').rounds")
+    _notebook(tmp_path / "notebooks" / "ch" / "b.ipynb", "from subfl.sampling import sample_cps")
+    book.execute("ci", root=tmp_path)
+    return tmp_path
+
+
+def _rewrite_meta(path, change):
+    nb = json.loads(path.read_text())
+    change(nb["metadata"]["subfl"])
+    path.write_text(json.dumps(nb))
+
+
+def test_status_names_the_changed_dependency_and_ignores_new_entries(executed_root, monkeypatch):
+    assert {r.state for r in book.status("ci", root=executed_root)} == {"fresh"}
+    from subfl.methods import METHODS, FedAvg
+
+    class Newcomer(FedAvg):
+        name = "newcomer"
+
+    monkeypatch.setitem(METHODS, "newcomer", Newcomer)  # adding a method leaves executed pages fresh
+    assert {r.state for r in book.status("ci", root=executed_root)} == {"fresh"}
+    monkeypatch.setitem(METHODS, "fedavg", Newcomer)  # changing an entry a page may use makes it stale
+    rows = {r.notebook: r for r in book.status("ci", root=executed_root)}
+    assert rows["notebooks/ch/a.ipynb"].state == "stale" and "method:fedavg changed" in rows["notebooks/ch/a.ipynb"].reason
+    assert rows["notebooks/ch/b.ipynb"].state == "fresh"  # it reaches no registry
+    monkeypatch.undo()
+
+    real_digest = book._file_digest
+    monkeypatch.setattr(book, "_file_digest", lambda rel: "0" * 16 if rel == "sampling/samplers.py" else real_digest(rel))
+    _notebook(executed_root / "notebooks" / "ch" / "a.ipynb", "rounds = 3")  # an edited notebook
+    rows = {r.notebook: r for r in book.status("ci", root=executed_root)}
+    assert rows["notebooks/ch/b.ipynb"].reason == "library code changed: sampling/samplers.py changed"
+    assert rows["notebooks/ch/a.ipynb"].reason == "notebook or its parameters changed"
+    assert rows["notebooks/ch/a.ipynb"].state == rows["notebooks/ch/b.ipynb"].state == "stale"
+    assert book.status("cpu", root=executed_root)[0].reason == "scale ci != cpu"
+
+
+def test_record_dependencies_upgrades_only_unchanged_legacy_copies(executed_root):
+    a, b = (executed_root / "book" / "ch" / f"{n}.ipynb" for n in "ab")
+    for path, name in ((a, "a"), (b, "b")):
+        source = executed_root / "notebooks" / "ch" / f"{name}.ipynb"
+        legacy = book.inputs_fingerprint(source, {**book.default_parameters(source), "scale": "ci"})
+        _rewrite_meta(path, lambda m, fp=legacy: (m.pop("dependencies"), m.update(fingerprint=fp)))
+    _rewrite_meta(b, lambda m: m.update(fingerprint="0" * 64))  # executed with other code: must be re-executed
+    rows = {r.notebook: r for r in book.status("ci", root=executed_root)}
+    assert rows["notebooks/ch/a.ipynb"].state == "fresh" and "predates" in rows["notebooks/ch/b.ipynb"].reason
+    assert book.record_dependencies("ci", root=executed_root) == ["notebooks/ch/a.ipynb"]
+    meta = json.loads(a.read_text())["metadata"]["subfl"]
+    assert "experiments/presets.py" in meta["dependencies"]["files"] and "code_fingerprint" not in meta
+    assert "dependencies" not in json.loads(b.read_text())["metadata"]["subfl"]
+    assert [r.state for r in book.status("ci", root=executed_root)] == ["fresh", "stale"]

@@ -2,9 +2,16 @@
 
 Source notebooks live in ``notebooks/<chapter>/*.ipynb`` (no outputs). Executed copies live in
 ``book/<chapter>/*.ipynb`` and are what the site renders. Each executed copy records in its metadata
-(``metadata.subfl``) the scale, the parameters (seeds included), the library version, the fingerprint of
-its inputs (notebook source, parameters, library code, data manifest) and its wall time. A copy is *stale*
-when that fingerprint no longer matches; ``subfl book`` re-executes only stale or missing copies.
+(``metadata.subfl``) the scale, the parameters (seeds included), the library version, its wall time and what
+it depends on (:func:`page_dependencies`): the digest of every library source file the page can reach and of
+every registry entry (method, model, external dataset) it may use. A copy is *stale* when its notebook source,
+its parameters, the data manifest or one of those files or entries changed; ``subfl book`` re-executes only
+stale or missing copies, and ``subfl book --status`` names what changed.
+
+What a page reaches: the subfl modules its code cells import, everything they import in turn, and — because a
+page names methods and models by string — every entry of each registry it reaches, with the entry's module.
+The registry files themselves are represented by their entries, so adding a method, a model or a dataset does
+not make existing pages stale; editing a module they may use does.
 """
 from __future__ import annotations
 
@@ -22,7 +29,8 @@ from typing import Any
 
 import subfl
 
-from .experiments.cache import code_fingerprint, repo_root
+from .experiments.cache import (PACKAGE_DIR, REGISTRIES, _NOT_COMPUTATIONAL, code_fingerprint, dependency_files,
+                                registries_reached, repo_root)
 from .experiments.presets import SCALES
 
 
@@ -77,12 +85,149 @@ def _data_manifest_hash() -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else ""
 
 
-def inputs_fingerprint(source: Path, parameters: dict[str, Any]) -> str:
-    """Hash of what an executed copy depends on: cell sources, parameters, library code, data manifest."""
+def _notebook_blob(source: Path, parameters: dict[str, Any]) -> str:
     nb = json.loads(source.read_text())
     cells = [(c["cell_type"], "".join(c["source"])) for c in nb["cells"]]
-    blob = json.dumps({"cells": cells, "parameters": parameters}, sort_keys=True, default=str)
+    return json.dumps({"cells": cells, "parameters": parameters}, sort_keys=True, default=str)
+
+
+def inputs_fingerprint(source: Path, parameters: dict[str, Any]) -> str:
+    """The fingerprint of copies executed before per-page dependencies were recorded: cell sources, parameters,
+    the code of the whole package and the data manifest (any library change made every such copy stale)."""
+    blob = _notebook_blob(source, parameters)
     return hashlib.sha256((blob + code_fingerprint() + _data_manifest_hash()).encode()).hexdigest()
+
+
+def notebook_imports(source: Path) -> list[str]:
+    """The subfl modules the code cells of ``source`` import (lines of IPython magics and shell escapes skipped).
+
+    ``from subfl.x import y`` counts ``subfl.x`` and, in case ``y`` is a module, ``subfl.x.y``.
+    """
+    nb = json.loads(source.read_text())
+    found: set[str] = set()
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        code = "\n".join(line for line in "".join(cell["source"]).splitlines()
+                         if not line.lstrip().startswith(("%", "!")))
+        for node in ast.walk(ast.parse(code)):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names if a.name.split(".")[0] == "subfl")
+            elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "subfl":
+                found.add(node.module)
+                found.update(f"{node.module}.{a.name}" for a in node.names)
+    return sorted(found)
+
+
+def registry_entries(registry: str) -> dict[str, tuple[str, str]]:
+    """``{entry name: (module, description)}`` of one registry: a method's class path, a model's or a dataset's
+    table entry. The description changes when the entry does."""
+    if registry == "subfl.methods":
+        from .methods import METHODS
+        return {f"method:{n}": (c.__module__, f"{c.__module__}:{c.__qualname__}") for n, c in METHODS.items()}
+    if registry == "subfl.models.names":
+        from .models.names import _SPECS
+        return {f"model:{n}": (spec.module, repr(spec)) for n, spec in _SPECS.items()}
+    if registry == "subfl.data.names":
+        from .data.names import EXTERNAL_DATASETS
+        return {f"dataset:{n}": (d.module, repr(d)) for n, d in EXTERNAL_DATASETS.items()}
+    raise ValueError(f"registry={registry!r} is not a registry; accepted: {', '.join(sorted(REGISTRIES))}")
+
+
+def _digest(data: bytes | str) -> str:
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()[:16]
+
+
+def _file_digest(rel: str) -> str:
+    path = PACKAGE_DIR / rel
+    return _digest(path.read_bytes()) if path.is_file() else "missing"
+
+
+def page_dependencies(source: Path) -> dict[str, dict[str, str]]:
+    """What an executed copy of ``source`` depends on, as digests: ``{"files": {path in the package: digest},
+    "entries": {"method:prism": digest, ...}}``.
+
+    Files: every module the notebook imports and, transitively, what they import; entries: every entry of each
+    registry reached (a page may name any method or model), and each entry's module with its imports, until no
+    new registry is reached. The registry files, the book builder, the command line and the cache are not
+    counted (they cannot change a page's numbers; a registry is counted by its entries).
+    """
+    modules = set(notebook_imports(source))
+    entries: dict[str, str] = {}
+    expanded: set[str] = set()
+    while True:
+        todo = registries_reached(sorted(modules)) - expanded
+        if not todo:
+            break
+        for registry in sorted(todo):
+            for name, (module, description) in registry_entries(registry).items():
+                entries[name] = _digest(description)
+                modules.add(module)
+        expanded |= todo
+    skip = _NOT_COMPUTATIONAL | {_module_rel(r) for r in REGISTRIES}
+    files = {}
+    for path in dependency_files(sorted(modules)):
+        rel = path.relative_to(PACKAGE_DIR).as_posix()
+        if rel not in skip:
+            files[rel] = _file_digest(rel)
+    return {"files": dict(sorted(files.items())), "entries": dict(sorted(entries.items()))}
+
+
+def _module_rel(module: str) -> str:
+    base = Path(*module.split(".")[1:])
+    return (base / "__init__.py").as_posix() if (PACKAGE_DIR / base).is_dir() else base.with_suffix(".py").as_posix()
+
+
+def _current_entries(names: list[str]) -> dict[str, str]:
+    registry_of = {"method": "subfl.methods", "model": "subfl.models.names", "dataset": "subfl.data.names"}
+    tables = {kind: registry_entries(registry) for kind, registry in registry_of.items()
+              if any(n.startswith(kind + ":") for n in names)}
+    out = {}
+    for name in names:
+        entry = tables[name.split(":", 1)[0]].get(name)
+        out[name] = _digest(entry[1]) if entry else "missing"
+    return out
+
+
+def page_fingerprint(source: Path, parameters: dict[str, Any], dependencies: dict[str, dict[str, str]]) -> str:
+    """Hash of the notebook's cells and parameters, the library version, the data manifest and ``dependencies``."""
+    blob = _notebook_blob(source, parameters) + json.dumps(dependencies, sort_keys=True)
+    return _digest(blob + subfl.__version__ + _data_manifest_hash())
+
+
+def _changed_dependencies(recorded: dict[str, dict[str, str]]) -> list[str]:
+    """What of ``recorded`` differs now: file paths and entry names."""
+    files = [f"{rel} {'removed' if _file_digest(rel) == 'missing' else 'changed'}"
+             for rel, digest in recorded["files"].items() if _file_digest(rel) != digest]
+    now = _current_entries(list(recorded["entries"]))
+    entries = [f"{name} {'removed' if now[name] == 'missing' else 'changed'}"
+               for name, digest in recorded["entries"].items() if now[name] != digest]
+    return files + entries
+
+
+def _staleness(source: Path, meta: dict[str, Any], scale: str) -> str | None:
+    """Why the executed copy with metadata ``meta`` is stale at ``scale``, or None when it is fresh."""
+    if meta.get("scale") != scale:
+        return f"scale {meta.get('scale')} != {scale}"
+    parameters = {**default_parameters(source), "scale": scale}
+    recorded = meta.get("dependencies")
+    if recorded is None:  # executed before per-page dependencies were recorded
+        if meta.get("fingerprint") == inputs_fingerprint(source, parameters):
+            return None
+        return "notebook, library code or data changed (copy predates per-page dependencies)"
+    current = {"files": {rel: _file_digest(rel) for rel in recorded["files"]},
+               "entries": _current_entries(list(recorded["entries"]))}
+    if meta.get("fingerprint") == page_fingerprint(source, parameters, current):
+        return None
+    if meta.get("notebook_fingerprint") != _digest(_notebook_blob(source, parameters)):
+        return "notebook or its parameters changed"
+    changed = _changed_dependencies(recorded)
+    if changed:
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        return "library code changed: " + ", ".join(changed[:3]) + more
+    if meta.get("library_version") != subfl.__version__:
+        return f"library version {meta.get('library_version')} != {subfl.__version__}"
+    return "data manifest changed"
 
 
 def _check_scale(scale: str) -> None:
@@ -102,10 +247,8 @@ def status(scale: str = "cpu", only: str | None = None, root: Path | None = None
             out.append(NotebookState(rel, "missing", f"no {dst.relative_to(root).as_posix()}"))
             continue
         meta = json.loads(dst.read_text()).get("metadata", {}).get("subfl", {})
-        want = inputs_fingerprint(src, {**default_parameters(src), "scale": scale})
-        if meta.get("fingerprint") != want:
-            reason = ("scale " + str(meta.get("scale")) + " != " + scale) if meta.get("scale") != scale else \
-                "notebook, library code or data changed"
+        reason = _staleness(src, meta, scale)
+        if reason is not None:
             out.append(NotebookState(rel, "stale", reason))
         else:
             out.append(NotebookState(rel, "fresh", f"executed {meta.get('executed_at', '?')}"))
@@ -122,6 +265,7 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
     dst = executed_path(source, root)
     dst.parent.mkdir(parents=True, exist_ok=True)
     parameters = {**default_parameters(source), "scale": scale}
+    dependencies = page_dependencies(source)
     os.environ.setdefault("TQDM_DISABLE", "1")
     t0 = time.perf_counter()
     papermill.execute_notebook(str(source), str(dst), parameters={"scale": scale}, progress_bar=False,
@@ -131,13 +275,45 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
         "scale": scale,
         "parameters": parameters,
         "library_version": subfl.__version__,
-        "code_fingerprint": code_fingerprint(),
-        "fingerprint": inputs_fingerprint(source, parameters),
+        "fingerprint": page_fingerprint(source, parameters, dependencies),
+        "notebook_fingerprint": _digest(_notebook_blob(source, parameters)),
+        "dependencies": dependencies,
         "wall_time_s": round(time.perf_counter() - t0, 1),
         "executed_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
     nbformat.write(nb, dst)
     return dst
+
+
+def record_dependencies(scale: str = "cpu", only: str | None = None, root: Path | None = None) -> list[str]:
+    """Give executed copies from before per-page dependencies their :func:`page_dependencies`, without
+    re-executing them. Only copies whose whole-package fingerprint still matches are upgraded (the library,
+    notebook and data are then exactly those they were executed with), so this is of use only before the
+    library changes. Returns the notebooks upgraded."""
+    import nbformat
+
+    _check_scale(scale)
+    root = project_root() if root is None else root
+    done = []
+    for src in _sources(root, only):
+        dst = executed_path(src, root)
+        if not dst.exists():
+            continue
+        nb = nbformat.read(dst, as_version=4)
+        meta = dict(nb.metadata.get("subfl", {}))
+        parameters = {**default_parameters(src), "scale": scale}
+        legacy_fresh = meta.get("fingerprint") == inputs_fingerprint(src, parameters)
+        if "dependencies" in meta or meta.get("scale") != scale or not legacy_fresh:
+            continue
+        dependencies = page_dependencies(src)
+        meta.pop("code_fingerprint", None)
+        meta.update(fingerprint=page_fingerprint(src, parameters, dependencies), dependencies=dependencies,
+                    notebook_fingerprint=_digest(_notebook_blob(src, parameters)),
+                    dependencies_recorded_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+        nb.metadata["subfl"] = meta
+        nbformat.write(nb, dst)
+        done.append(src.relative_to(root).as_posix())
+    return done
 
 
 def execute(scale: str = "cpu", only: str | None = None, force: bool = False, jobs: int = 1,

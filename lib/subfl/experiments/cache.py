@@ -23,7 +23,8 @@ import subfl
 PACKAGE_DIR = Path(subfl.__file__).resolve().parent
 # Files that cannot change a result: the command line, the book builder, the cache itself.
 _NOT_COMPUTATIONAL = {"cli.py", "book.py", "experiments/cache.py"}
-_REGISTRIES = {"subfl.methods", "subfl.models.names", "subfl.data.names"}
+# Tables of names → modules; a run names its own entry, so these are not followed (see dependency_files).
+REGISTRIES = frozenset({"subfl.methods", "subfl.models.names", "subfl.data.names"})
 
 
 def _module_file(module: str) -> Path | None:
@@ -77,11 +78,26 @@ def dependency_files(modules: Iterable[str]) -> list[Path]:
             continue
         parts = mod.split(".")
         todo.extend(".".join(parts[:i]) for i in range(2, len(parts)))
-        if mod in _REGISTRIES and mod not in modules:
+        if mod in REGISTRIES and mod not in modules:
             continue
         files.add(path)
         todo.extend(_imports(mod, path))
     return sorted(files)
+
+
+def registries_reached(modules: Iterable[str]) -> set[str]:
+    """The registries (:data:`REGISTRIES`) that ``modules`` name or that a module they depend on imports.
+
+    :func:`dependency_files` stops at a registry; this says which ones it stopped at, so that a caller who cannot
+    name the entries it uses (a book page) can depend on all of them instead.
+    """
+    modules = list(modules)
+    reached = {m for m in modules if m in REGISTRIES}
+    for path in dependency_files(modules):
+        rel = path.relative_to(PACKAGE_DIR).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        reached |= _imports(".".join(("subfl", *parts)), path) & REGISTRIES
+    return reached
 
 
 @lru_cache(maxsize=64)
