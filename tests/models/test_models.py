@@ -117,8 +117,8 @@ def test_make_norm_kinds():
 
 INPUTS = {"resnet18": (3, 32, 32), "vgg11": (3, 32, 32), "cnn": (1, 28, 28), "mlp": (1, 28, 28),
           "flanc_cnn": (1, 28, 28), "fedp3_cnn": (3, 32, 32), "fedp3_mlp": (1, 28, 28), "char_rnn": (12,),
-          "tiny_gpt": (12,), "tiny_vit": (3, 16, 16)}
-TOKEN_MODELS = {"char_rnn", "tiny_gpt"}  # inputs are token ids in [0, num_classes)
+          "sentiment_lstm": (12,), "tiny_gpt": (12,), "tiny_vit": (3, 16, 16)}
+TOKEN_MODELS = {"char_rnn", "sentiment_lstm", "tiny_gpt"}  # inputs are token ids in [0, num_classes)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -189,8 +189,8 @@ def test_classes_are_importable_and_match_the_registry():
     assert isinstance(build_model("vgg11", num_classes=10, input_shape=(3, 32, 32)), VGG11)
     assert isinstance(build_model("cnn", num_classes=10, input_shape=(1, 28, 28)), FedAvgCNN)
     assert isinstance(build_model("mlp", num_classes=10, input_shape=(1, 28, 28)), MLP)
-    assert MODELS == ("resnet18", "vgg11", "cnn", "mlp", "flanc_cnn", "fedp3_cnn", "fedp3_mlp", "char_rnn", "tiny_gpt",
-                      "tiny_vit")
+    assert MODELS == ("resnet18", "vgg11", "cnn", "mlp", "flanc_cnn", "fedp3_cnn", "fedp3_mlp", "char_rnn",
+                      "sentiment_lstm", "tiny_gpt", "tiny_vit")
 
 
 @pytest.mark.parametrize(

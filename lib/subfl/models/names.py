@@ -44,6 +44,8 @@ _SPECS = MappingProxyType({
                   "FedP3 EMNIST-L MLP 784-1024-1024-1024"),
         ModelSpec("char_rnn", "subfl.models.char_rnn:CharLSTM", "none", (),
                   "one-layer character LSTM, one Linear per gate map (FLANC's Shakespeare RNN)"),
+        ModelSpec("sentiment_lstm", "subfl.models.sentiment_lstm:SentimentLSTM", "none",
+                  ("vocab_size", "embedding_dim"), "word LSTM classifier on the char_rnn cell (PriSM's IMDB model)"),
         ModelSpec("tiny_gpt", "subfl.models.transformers:tiny_gpt", "none",
                   ("vocab_size", "layers", "embed_dim", "heads", "context_length", "mlp_ratio", "dropout",
                    "tie_weights"), "GPT-style causal LM (CAFF): embedding 96, 3 heads"),
