@@ -4,6 +4,7 @@ import torch
 
 from subfl.models.char_rnn import GATES, CharLSTM
 from subfl.models.composed import composable_layers
+from subfl.models.sentiment_lstm import SentimentLSTM
 from subfl.models.slicing import coverage, extract, leading_indices
 
 
@@ -32,8 +33,11 @@ def test_matches_torch_lstm_cell_with_the_same_weights():
         torch.testing.assert_close(m(tokens), m.classifier(h))
 
 
-def test_leading_slice_computes_the_global_model_with_the_rest_zeroed():
-    full, sub = CharLSTM(20, (6,), width=0.125), CharLSTM(20, (6,), width=0.0625)
+@pytest.mark.parametrize("build", [lambda w: CharLSTM(20, (6,), width=w),
+                                   lambda w: SentimentLSTM(2, (6,), width=w, vocab_size=20, embedding_dim=8)],
+                         ids=["char_rnn", "sentiment_lstm"])
+def test_leading_slice_computes_the_global_model_with_the_rest_zeroed(build):
+    full, sub = build(0.125), build(0.0625)
     g = {k: torch.randn_like(v) for k, v in full.state_dict().items()}
     ix = leading_indices(g, sub.state_dict())
     assert ix["embedding.weight"] == (None, None)  # the embedding is never sliced

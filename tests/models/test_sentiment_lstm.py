@@ -1,4 +1,5 @@
-"""The word LSTM classifier (PriSM's IMDB model): sizes, which layers are decomposed, slicing, bad arguments."""
+"""The word LSTM classifier (PriSM's IMDB model): sizes, which layers are decomposed, bad arguments (its leading
+slice is tested with the character LSTM's, in test_char_rnn.py)."""
 import pytest
 import torch
 
@@ -6,7 +7,6 @@ from subfl.models import build_model
 from subfl.models.char_rnn import GATES
 from subfl.models.factorized import decomposable_layers
 from subfl.models.sentiment_lstm import SentimentLSTM
-from subfl.models.slicing import coverage, extract, leading_indices
 
 
 def test_parameter_count_by_hand():
@@ -26,20 +26,6 @@ def test_gate_maps_are_the_decomposed_layers_and_padding_embeds_to_zero():
     m(tokens).sum().backward()
     assert torch.count_nonzero(m.embedding.weight.grad[0]) == 0  # the padding id's embedding is never trained
     assert torch.count_nonzero(m.embedding.weight.grad[tokens[0, 5]]) > 0
-
-
-def test_leading_slice_computes_the_global_model_with_the_rest_zeroed():
-    full = SentimentLSTM(2, (6,), width=0.125, vocab_size=30, embedding_dim=8)
-    sub = SentimentLSTM(2, (6,), width=0.0625, vocab_size=30, embedding_dim=8)
-    g = {k: torch.randn_like(v) for k, v in full.state_dict().items()}
-    ix = leading_indices(g, sub.state_dict())
-    assert ix["embedding.weight"] == (None, None)  # the embedding is never sliced
-    masks = coverage(ix, g)
-    full.load_state_dict({k: torch.where(masks[k], v, torch.zeros_like(v)) for k, v in g.items()})
-    sub.load_state_dict(extract(g, ix))
-    tokens = torch.randint(0, 30, (4, 6), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        torch.testing.assert_close(full(tokens), sub(tokens), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kwargs, match", [(dict(vocab_size=1), "vocab_size"), (dict(embedding_dim=0), "embedding_dim"),
