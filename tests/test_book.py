@@ -146,17 +146,12 @@ def test_status_names_the_changed_dependency_and_ignores_new_entries(executed_ro
     assert book.status("cpu", root=executed_root)[0].reason == "scale ci != cpu"
 
 
-def test_record_dependencies_upgrades_only_unchanged_legacy_copies(executed_root):
-    a, b = (executed_root / "book" / "ch" / f"{n}.ipynb" for n in "ab")
-    for path, name in ((a, "a"), (b, "b")):
-        source = executed_root / "notebooks" / "ch" / f"{name}.ipynb"
-        legacy = book.inputs_fingerprint(source, {**book.default_parameters(source), "scale": "ci"})
-        _rewrite_meta(path, lambda m, fp=legacy: (m.pop("dependencies"), m.update(fingerprint=fp)))
-    _rewrite_meta(b, lambda m: m.update(fingerprint="0" * 64))  # executed with other code: must be re-executed
+def test_a_copy_without_recorded_dependencies_is_stale(executed_root):
+    a = executed_root / "book" / "ch" / "a.ipynb"
+    _rewrite_meta(a, lambda m: m.pop("dependencies"))
     rows = {r.notebook: r for r in book.status("ci", root=executed_root)}
-    assert rows["notebooks/ch/a.ipynb"].state == "fresh" and "predates" in rows["notebooks/ch/b.ipynb"].reason
-    assert book.record_dependencies("ci", root=executed_root) == ["notebooks/ch/a.ipynb"]
-    meta = json.loads(a.read_text())["metadata"]["subfl"]
-    assert "experiments/presets.py" in meta["dependencies"]["files"] and "code_fingerprint" not in meta
-    assert "dependencies" not in json.loads(b.read_text())["metadata"]["subfl"]
-    assert [r.state for r in book.status("ci", root=executed_root)] == ["fresh", "stale"]
+    assert rows["notebooks/ch/a.ipynb"].state == "stale" and "before per-page dependencies" in \
+        rows["notebooks/ch/a.ipynb"].reason
+    assert rows["notebooks/ch/b.ipynb"].state == "fresh"
+    assert book.execute("ci", root=executed_root) == [a]  # re-executing records them
+    assert "experiments/presets.py" in json.loads(a.read_text())["metadata"]["subfl"]["dependencies"]["files"]

@@ -29,8 +29,8 @@ from typing import Any
 
 import subfl
 
-from .experiments.cache import (PACKAGE_DIR, REGISTRIES, _NOT_COMPUTATIONAL, code_fingerprint, dependency_files,
-                                registries_reached, repo_root)
+from .experiments.cache import (PACKAGE_DIR, REGISTRIES, _NOT_COMPUTATIONAL, _module_file, dependency_files,
+                                imports_in_source, registries_reached, repo_root)
 from .experiments.presets import SCALES
 
 
@@ -91,47 +91,35 @@ def _notebook_blob(source: Path, parameters: dict[str, Any]) -> str:
     return json.dumps({"cells": cells, "parameters": parameters}, sort_keys=True, default=str)
 
 
-def inputs_fingerprint(source: Path, parameters: dict[str, Any]) -> str:
-    """The fingerprint of copies executed before per-page dependencies were recorded: cell sources, parameters,
-    the code of the whole package and the data manifest (any library change made every such copy stale)."""
-    blob = _notebook_blob(source, parameters)
-    return hashlib.sha256((blob + code_fingerprint() + _data_manifest_hash()).encode()).hexdigest()
-
-
 def notebook_imports(source: Path) -> list[str]:
-    """The subfl modules the code cells of ``source`` import (lines of IPython magics and shell escapes skipped).
-
-    ``from subfl.x import y`` counts ``subfl.x`` and, in case ``y`` is a module, ``subfl.x.y``.
-    """
+    """The subfl modules the code cells of ``source`` import (lines of IPython magics and shell escapes skipped)."""
     nb = json.loads(source.read_text())
     found: set[str] = set()
     for cell in nb["cells"]:
-        if cell["cell_type"] != "code":
-            continue
-        code = "\n".join(line for line in "".join(cell["source"]).splitlines()
-                         if not line.lstrip().startswith(("%", "!")))
-        for node in ast.walk(ast.parse(code)):
-            if isinstance(node, ast.Import):
-                found.update(a.name for a in node.names if a.name.split(".")[0] == "subfl")
-            elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "subfl":
-                found.add(node.module)
-                found.update(f"{node.module}.{a.name}" for a in node.names)
+        if cell["cell_type"] == "code":
+            found |= imports_in_source("\n".join(line for line in "".join(cell["source"]).splitlines()
+                                                 if not line.lstrip().startswith(("%", "!"))))
     return sorted(found)
 
 
+_REGISTRY_KINDS = {"subfl.methods": "method", "subfl.models.names": "model", "subfl.data.names": "dataset"}
+
+
 def registry_entries(registry: str) -> dict[str, tuple[str, str]]:
-    """``{entry name: (module, description)}`` of one registry: a method's class path, a model's or a dataset's
-    table entry. The description changes when the entry does."""
+    """``{"<kind>:<name>": (module, description)}`` of one registry (kind ``method``, ``model`` or ``dataset``): a
+    method's class path, a model's or a dataset's table entry. The description changes when the entry does."""
     if registry == "subfl.methods":
         from .methods import METHODS
-        return {f"method:{n}": (c.__module__, f"{c.__module__}:{c.__qualname__}") for n, c in METHODS.items()}
-    if registry == "subfl.models.names":
+        table = {n: (c.__module__, f"{c.__module__}:{c.__qualname__}") for n, c in METHODS.items()}
+    elif registry == "subfl.models.names":
         from .models.names import _SPECS
-        return {f"model:{n}": (spec.module, repr(spec)) for n, spec in _SPECS.items()}
-    if registry == "subfl.data.names":
+        table = {n: (spec.module, repr(spec)) for n, spec in _SPECS.items()}
+    elif registry == "subfl.data.names":
         from .data.names import EXTERNAL_DATASETS
-        return {f"dataset:{n}": (d.module, repr(d)) for n, d in EXTERNAL_DATASETS.items()}
-    raise ValueError(f"registry={registry!r} is not a registry; accepted: {', '.join(sorted(REGISTRIES))}")
+        table = {n: (d.module, repr(d)) for n, d in EXTERNAL_DATASETS.items()}
+    else:
+        raise ValueError(f"registry={registry!r} is not a registry; accepted: {', '.join(sorted(REGISTRIES))}")
+    return {f"{_REGISTRY_KINDS[registry]}:{n}": entry for n, entry in table.items()}
 
 
 def _digest(data: bytes | str) -> str:
@@ -164,7 +152,7 @@ def page_dependencies(source: Path) -> dict[str, dict[str, str]]:
                 entries[name] = _digest(description)
                 modules.add(module)
         expanded |= todo
-    skip = _NOT_COMPUTATIONAL | {_module_rel(r) for r in REGISTRIES}
+    skip = _NOT_COMPUTATIONAL | {_module_file(r).relative_to(PACKAGE_DIR).as_posix() for r in REGISTRIES}
     files = {}
     for path in dependency_files(sorted(modules)):
         rel = path.relative_to(PACKAGE_DIR).as_posix()
@@ -173,20 +161,13 @@ def page_dependencies(source: Path) -> dict[str, dict[str, str]]:
     return {"files": dict(sorted(files.items())), "entries": dict(sorted(entries.items()))}
 
 
-def _module_rel(module: str) -> str:
-    base = Path(*module.split(".")[1:])
-    return (base / "__init__.py").as_posix() if (PACKAGE_DIR / base).is_dir() else base.with_suffix(".py").as_posix()
-
-
-def _current_entries(names: list[str]) -> dict[str, str]:
-    registry_of = {"method": "subfl.methods", "model": "subfl.models.names", "dataset": "subfl.data.names"}
-    tables = {kind: registry_entries(registry) for kind, registry in registry_of.items()
-              if any(n.startswith(kind + ":") for n in names)}
-    out = {}
-    for name in names:
-        entry = tables[name.split(":", 1)[0]].get(name)
-        out[name] = _digest(entry[1]) if entry else "missing"
-    return out
+def _current_dependencies(recorded: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """The digests, now, of the files and registry entries in ``recorded`` ("missing" for those that are gone)."""
+    kinds = {name.split(":", 1)[0] for name in recorded["entries"]}
+    now = {name: _digest(description) for registry, kind in _REGISTRY_KINDS.items() if kind in kinds
+           for name, (_, description) in registry_entries(registry).items()}
+    return {"files": {rel: _file_digest(rel) for rel in recorded["files"]},
+            "entries": {name: now.get(name, "missing") for name in recorded["entries"]}}
 
 
 def page_fingerprint(source: Path, parameters: dict[str, Any], dependencies: dict[str, dict[str, str]]) -> str:
@@ -195,33 +176,27 @@ def page_fingerprint(source: Path, parameters: dict[str, Any], dependencies: dic
     return _digest(blob + subfl.__version__ + _data_manifest_hash())
 
 
-def _changed_dependencies(recorded: dict[str, dict[str, str]]) -> list[str]:
-    """What of ``recorded`` differs now: file paths and entry names."""
-    files = [f"{rel} {'removed' if _file_digest(rel) == 'missing' else 'changed'}"
-             for rel, digest in recorded["files"].items() if _file_digest(rel) != digest]
-    now = _current_entries(list(recorded["entries"]))
-    entries = [f"{name} {'removed' if now[name] == 'missing' else 'changed'}"
-               for name, digest in recorded["entries"].items() if now[name] != digest]
-    return files + entries
+def _changed_dependencies(recorded: dict[str, dict[str, str]], current: dict[str, dict[str, str]]) -> list[str]:
+    """The files and entries whose digest differs between ``recorded`` and ``current``."""
+    return [f"{name} {'removed' if current[part][name] == 'missing' else 'changed'}"
+            for part in ("files", "entries") for name, digest in recorded[part].items()
+            if current[part][name] != digest]
 
 
 def _staleness(source: Path, meta: dict[str, Any], scale: str) -> str | None:
     """Why the executed copy with metadata ``meta`` is stale at ``scale``, or None when it is fresh."""
     if meta.get("scale") != scale:
         return f"scale {meta.get('scale')} != {scale}"
-    parameters = {**default_parameters(source), "scale": scale}
     recorded = meta.get("dependencies")
-    if recorded is None:  # executed before per-page dependencies were recorded
-        if meta.get("fingerprint") == inputs_fingerprint(source, parameters):
-            return None
-        return "notebook, library code or data changed (copy predates per-page dependencies)"
-    current = {"files": {rel: _file_digest(rel) for rel in recorded["files"]},
-               "entries": _current_entries(list(recorded["entries"]))}
+    if recorded is None:
+        return "executed before per-page dependencies were recorded"
+    parameters = {**default_parameters(source), "scale": scale}
+    current = _current_dependencies(recorded)
     if meta.get("fingerprint") == page_fingerprint(source, parameters, current):
         return None
     if meta.get("notebook_fingerprint") != _digest(_notebook_blob(source, parameters)):
         return "notebook or its parameters changed"
-    changed = _changed_dependencies(recorded)
+    changed = _changed_dependencies(recorded, current)
     if changed:
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
         return "library code changed: " + ", ".join(changed[:3]) + more
@@ -283,37 +258,6 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
     }
     nbformat.write(nb, dst)
     return dst
-
-
-def record_dependencies(scale: str = "cpu", only: str | None = None, root: Path | None = None) -> list[str]:
-    """Give executed copies from before per-page dependencies their :func:`page_dependencies`, without
-    re-executing them. Only copies whose whole-package fingerprint still matches are upgraded (the library,
-    notebook and data are then exactly those they were executed with), so this is of use only before the
-    library changes. Returns the notebooks upgraded."""
-    import nbformat
-
-    _check_scale(scale)
-    root = project_root() if root is None else root
-    done = []
-    for src in _sources(root, only):
-        dst = executed_path(src, root)
-        if not dst.exists():
-            continue
-        nb = nbformat.read(dst, as_version=4)
-        meta = dict(nb.metadata.get("subfl", {}))
-        parameters = {**default_parameters(src), "scale": scale}
-        legacy_fresh = meta.get("fingerprint") == inputs_fingerprint(src, parameters)
-        if "dependencies" in meta or meta.get("scale") != scale or not legacy_fresh:
-            continue
-        dependencies = page_dependencies(src)
-        meta.pop("code_fingerprint", None)
-        meta.update(fingerprint=page_fingerprint(src, parameters, dependencies), dependencies=dependencies,
-                    notebook_fingerprint=_digest(_notebook_blob(src, parameters)),
-                    dependencies_recorded_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
-        nb.metadata["subfl"] = meta
-        nbformat.write(nb, dst)
-        done.append(src.relative_to(root).as_posix())
-    return done
 
 
 def execute(scale: str = "cpu", only: str | None = None, force: bool = False, jobs: int = 1,

@@ -39,10 +39,16 @@ def _module_file(module: str) -> Path | None:
 
 def _imports(module: str, path: Path) -> set[str]:
     """Absolute names of the subfl modules imported by ``module`` (anywhere in the file)."""
-    is_package = path.name == "__init__.py"
-    package = module if is_package else module.rsplit(".", 1)[0]
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    return imports_in_source(path.read_text(encoding="utf-8"), package)
+
+
+def imports_in_source(source: str, package: str = "subfl") -> set[str]:
+    """Absolute names of the subfl modules that Python ``source`` imports (anywhere in it); relative imports are
+    resolved against ``package``. ``from subfl.x import y`` counts ``subfl.x`` and, in case ``y`` is a module,
+    ``subfl.x.y``."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.split(".")[0] == "subfl")
         elif isinstance(node, ast.ImportFrom):
