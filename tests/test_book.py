@@ -155,3 +155,28 @@ def test_a_copy_without_recorded_dependencies_is_stale(executed_root):
     assert rows["notebooks/ch/b.ipynb"].state == "fresh"
     assert book.execute("ci", root=executed_root) == [a]  # re-executing records them
     assert "experiments/presets.py" in json.loads(a.read_text())["metadata"]["subfl"]["dependencies"]["files"]
+
+
+def test_an_acknowledged_change_refreshes_only_the_pages_stale_through_it(executed_root, monkeypatch):
+    real_digest = book._file_digest
+    monkeypatch.setattr(book, "_file_digest", lambda rel: "0" * 16 if rel == "experiments/presets.py" else real_digest(rel))
+    _notebook(executed_root / "notebooks" / "ch" / "b.ipynb", "from subfl.experiments import presets\nx = 1")
+    rows = {r.notebook: r.state for r in book.status("ci", root=executed_root)}
+    assert rows == {"notebooks/ch/a.ipynb": "stale", "notebooks/ch/b.ipynb": "stale"}
+    with pytest.raises(ValueError, match="reason"):
+        book.acknowledge_change(["experiments/presets.py"], " ", scale="ci", root=executed_root)
+    with pytest.raises(ValueError, match="not found"):
+        book.acknowledge_change(["experiments/nowhere.py"], "docstring only", scale="ci", root=executed_root)
+    assert book.acknowledge_change(["sampling/samplers.py"], "not the changed file", scale="ci",
+                                   root=executed_root) == []
+    # a is stale through presets.py alone; b's notebook changed as well, so it keeps needing re-execution
+    assert book.acknowledge_change(["experiments/presets.py"], "docstring only", scale="ci",
+                                   root=executed_root) == ["notebooks/ch/a.ipynb"]
+    rows = {r.notebook: r.state for r in book.status("ci", root=executed_root)}
+    assert rows == {"notebooks/ch/a.ipynb": "fresh", "notebooks/ch/b.ipynb": "stale"}
+    record = json.loads((executed_root / "book" / "ch" / "a.ipynb").read_text())["metadata"]["subfl"]["acknowledged"]
+    assert len(record) == 1 and record[0]["reason"] == "docstring only"
+    old, new = record[0]["files"]["experiments/presets.py"]
+    assert new == "0" * 16 and old == real_digest("experiments/presets.py")
+    monkeypatch.undo()  # the file "changes back": the page is stale again until re-executed or acknowledged
+    assert book.status("ci", root=executed_root)[0].state == "stale"

@@ -230,6 +230,56 @@ def status(scale: str = "cpu", only: str | None = None, root: Path | None = None
     return out
 
 
+def acknowledge_change(files: list[str] | tuple[str, ...], reason: str, scale: str = "cpu",
+                       root: Path | None = None) -> list[str]:
+    """Record that a change to the library ``files`` (paths in the package, e.g. ``"fl/training.py"``) cannot alter
+    the numbers of the executed copies that depend on them, so that they read fresh again without re-execution.
+
+    Use it only for a change shown not to touch what the pages computed — a docstring, or a code path none of their
+    runs takes — and say how it was shown in ``reason``. A copy is updated only when it is stale through a change of
+    ``files`` alone (its notebook, parameters, other files, registry entries, library version and data manifest
+    unchanged); its metadata keeps each acknowledgement (``acknowledged``: the files with their digests before and
+    after, the reason, the date) next to the original execution record. Returns the notebooks updated.
+    """
+    import nbformat
+
+    _check_scale(scale)
+    if not isinstance(reason, str) or not reason.strip():
+        raise ValueError("reason must say why the change cannot alter the pages' numbers; got an empty reason")
+    files = list(files)
+    unknown = [f for f in files if not (PACKAGE_DIR / f).is_file()]
+    if not files or unknown:
+        raise ValueError(f"files must name source files of the package (e.g. 'fl/training.py'); not found: "
+                         f"{unknown or 'none given'}")
+    root = project_root() if root is None else root
+    updated = []
+    for src in _sources(root, None):
+        dst = executed_path(src, root)
+        if not dst.exists():
+            continue
+        nb = nbformat.read(dst, as_version=4)
+        meta = nb.metadata.get("subfl", {})
+        recorded = meta.get("dependencies")
+        if _staleness(src, meta, scale) is None or recorded is None:
+            continue
+        current = _current_dependencies(recorded)
+        changed = {name for part in ("files", "entries") for name, digest in recorded[part].items()
+                   if current[part][name] != digest}
+        parameters = {**default_parameters(src), "scale": scale}
+        if not changed or not changed <= set(files) or \
+                meta.get("fingerprint") != page_fingerprint(src, parameters, recorded):
+            continue  # stale for another reason too: only re-execution can refresh it
+        meta.setdefault("acknowledged", []).append({
+            "files": {f: [recorded["files"][f], current["files"][f]] for f in sorted(changed)},
+            "reason": reason.strip(),
+            "at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")})
+        meta["dependencies"] = current
+        meta["fingerprint"] = page_fingerprint(src, parameters, current)
+        nbformat.write(nb, dst)
+        updated.append(src.relative_to(root).as_posix())
+    return updated
+
+
 def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None) -> Path:
     """Execute one notebook with papermill at ``scale`` and write its executed copy with provenance."""
     import nbformat

@@ -65,6 +65,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_book(args: argparse.Namespace) -> int:
     from . import book
 
+    if args.acknowledge:
+        if not args.reason:
+            raise SystemExit("--acknowledge needs --reason: why the change cannot alter the pages' numbers")
+        for notebook in book.acknowledge_change(args.acknowledge, args.reason, scale=args.scale):
+            print(f"acknowledged {notebook}")
+        return 0
     if args.status:
         for row in book.status(scale=args.scale):
             print(f"{row.state:8s} {row.notebook}  ({row.reason})")
@@ -114,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     bk.add_argument("--status", action="store_true", help="list which executed notebooks are stale")
     bk.add_argument("--no-build", action="store_true", help="execute notebooks but do not build the site")
     bk.add_argument("--jobs", type=int, default=1, help="notebooks executed at a time (default 1)")
+    bk.add_argument("--acknowledge", nargs="+", metavar="FILE", default=None,
+                    help="package files (e.g. fl/training.py) whose change cannot alter the executed pages: mark "
+                         "the pages stale only through them fresh, recording --reason (book.acknowledge_change)")
+    bk.add_argument("--reason", default=None, help="with --acknowledge: how the change was shown not to alter them")
     bk.set_defaults(func=_cmd_book)
     ls = sub.add_parser("list", help="list methods, datasets, models, partitions and scales")
     ls.set_defaults(func=_cmd_list)

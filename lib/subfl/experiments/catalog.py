@@ -926,7 +926,10 @@ FEDP3_BLOCK_NORM = "bn"
 so a block that is never trained keeps its initial ones. Batch statistics only ("bn_nostats") was tried first and
 dropped: full-model FedAvg on S2 then sat at 0.143 global test accuracy after 25 rounds (at evaluation the batch
 statistics follow each test batch's class mix, not what training saw), against 0.437 after 10 rounds with running
-statistics and 0.286 with GroupNorm (10-round probes, measured)."""
+statistics and 0.286 with GroupNorm (10-round probes, measured). The class mix was the evaluation's fault: the
+CIFAR-10 test file is sorted by class and was then scored in storage order, so every test batch held one class;
+evaluation now scores batch-statistics models in shuffled batches (:func:`subfl.fl.training.evaluation_batches`),
+and this page keeps running statistics."""
 
 # ResNet-18 at the cpu scale: width 1/8 (8 → 64 channels, 176k parameters) and chapter 1's CIFAR-10 sizes (20 clients
 # of 1,000 images, 10 per round, 2 local epochs, 40 rounds, cosine lr 0.02). A probe of "−B2−B3 full" took 72 s for two

@@ -179,19 +179,49 @@ def train_epochs(model: nn.Module, data: ClientDataset, config: dict[str, Any], 
     return {"loss": total / max(1, steps), "steps": steps}
 
 
+EVALUATION_ORDER_SEED = 0
+"""Seed of the fixed permutation in which a model with batch statistics is evaluated (:func:`evaluation_batches`)."""
+
+
+def uses_batch_statistics(model: nn.Module) -> bool:
+    """Whether ``model`` normalises with the statistics of the batch at evaluation — a BatchNorm layer without
+    running statistics (``norm="bn_nostats"``, the static batch norm of PriSM, HeteroFL and FLANC) — so that a
+    sample's output depends on the other samples of its batch."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and (m.running_mean is None or m.running_var is None)
+               for m in model.modules())
+
+
+def evaluation_batches(model: nn.Module, n: int, batch_size: int) -> list[slice | torch.Tensor]:
+    """The batches in which ``model`` scores ``n`` stored samples, as indices covering each sample once.
+
+    Contiguous slices in storage order when the model's outputs do not depend on the batch. For a model with batch
+    statistics (:func:`uses_batch_statistics`), slices of one fixed pseudo-random permutation (seed
+    :data:`EVALUATION_ORDER_SEED`), so that every batch is a uniform sample of the data whatever order it is stored
+    in: the CIFAR-10 test file is sorted by class, and the statistics of a one-class batch normalise away what tells
+    the classes apart (measured: VGG-11 trained to 0.45 scored 0.14 in storage order).
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} is not valid; accepted: an int >= 1")
+    if not uses_batch_statistics(model):
+        return [slice(start, start + batch_size) for start in range(0, n, batch_size)]
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(EVALUATION_ORDER_SEED))
+    return [order[start:start + batch_size] for start in range(0, n, batch_size)]
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, data: ArrayData, *, batch_size: int = 500, device: str | torch.device = "cpu",
              task: str = "classification") -> dict[str, float]:
-    """Top-1 accuracy and mean cross-entropy of ``model`` on ``data`` (plus perplexity for next-token tasks).
+    """Top-1 accuracy and mean cross-entropy of ``model`` on ``data`` (plus perplexity for next-token tasks),
+    in the batches of :func:`evaluation_batches`.
 
     Models whose output has a time axis ``(B, T, V)`` are scored on the last position, the next-token
     convention of the datasets in :mod:`subfl.data`.
     """
     model.eval()
     correct, loss_sum, n = 0, 0.0, len(data)
-    for start in range(0, n, batch_size):
-        x = data.x[start:start + batch_size].to(device)
-        y = data.y[start:start + batch_size].to(device)
+    for batch in evaluation_batches(model, n, batch_size):
+        x = data.x[batch].to(device)
+        y = data.y[batch].to(device)
         logits = model(x)
         if logits.dim() == 3:
             logits = logits[:, -1, :]

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..data.base import ArrayData
+from ..fl.training import evaluation_batches
 
 
 def confusion_matrix(predictions, labels, num_classes: int) -> np.ndarray:
@@ -92,17 +93,13 @@ def model_predictions(model: nn.Module, data: ArrayData, *, batch_size: int = 50
     """``(predicted, true)`` class ids of ``model`` on ``data`` (last position for ``(B, T, V)`` outputs, as the
     engine's evaluation scores next-token models)."""
     model.eval()
-    preds, truth = [], []
-    for start in range(0, len(data), batch_size):
-        x = data.x[start:start + batch_size].to(device)
-        out = model(x)
+    preds = np.zeros(len(data), dtype=np.int64)
+    for batch in evaluation_batches(model, len(data), batch_size):
+        out = model(data.x[batch].to(device))
         if out.dim() == 3:
             out = out[:, -1, :]
-        preds.append(out.argmax(dim=1).cpu().numpy())
-        truth.append(data.y[start:start + batch_size].cpu().numpy())
-    if not preds:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    return np.concatenate(preds).astype(np.int64), np.concatenate(truth).astype(np.int64)
+        preds[batch if isinstance(batch, slice) else batch.numpy()] = out.argmax(dim=1).cpu().numpy()
+    return preds, data.y.cpu().numpy().astype(np.int64)
 
 
 __all__ = ["class_f1", "class_occurrence_probabilities", "confusion_matrix", "model_predictions", "weak_device_f1"]
