@@ -1,4 +1,3 @@
-import pytest
 import torch
 
 from subfl.fl import History, Ledger, tensor_bytes
@@ -27,10 +26,6 @@ def test_history_roundtrip_is_exact(tmp_path):
     assert h.last("accuracy") == 0.1 + 0.2 and h.last("accuracy", "0.25") == 1 / 3
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="known bug: read_history passes keep_default_na=False, so a 'nan' value written by "
-                          "write_csv (e.g. an evaluation loss of NaN in the round before divergence is detected) is "
-                          "read as a string and the float cast fails. Fixing fl/history.py re-keys every cached run.")
 def test_a_nan_value_round_trips(tmp_path):
     h = History()
     h.add(1, "loss", float("nan"))

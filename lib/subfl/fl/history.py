@@ -38,6 +38,7 @@ class History:
 
 
 def read_history(path: str | Path) -> pd.DataFrame:
-    """Read a history.csv written by :meth:`History.write_csv`."""
+    """Read a history.csv written by :meth:`History.write_csv`: ``nan`` in the value column is a float NaN (a loss
+    that overflowed), while no other text anywhere is read as missing (a group may be called ``NA``)."""
     return pd.read_csv(path, dtype={"round": int, "metric": str, "value": float, "group": str},
-                       keep_default_na=False)
+                       keep_default_na=False, na_values={"value": ["nan"]})
