@@ -159,7 +159,8 @@ def test_a_copy_without_recorded_dependencies_is_stale(executed_root):
 
 def test_an_acknowledged_change_refreshes_only_the_pages_stale_through_it(executed_root, monkeypatch):
     real_digest = book._file_digest
-    monkeypatch.setattr(book, "_file_digest", lambda rel: "0" * 16 if rel == "experiments/presets.py" else real_digest(rel))
+    monkeypatch.setattr(book, "_file_digest",
+                        lambda rel: "0" * 16 if rel == "experiments/presets.py" else real_digest(rel))
     _notebook(executed_root / "notebooks" / "ch" / "b.ipynb", "from subfl.experiments import presets\nx = 1")
     rows = {r.notebook: r.state for r in book.status("ci", root=executed_root)}
     assert rows == {"notebooks/ch/a.ipynb": "stale", "notebooks/ch/b.ipynb": "stale"}

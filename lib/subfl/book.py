@@ -176,11 +176,17 @@ def page_fingerprint(source: Path, parameters: dict[str, Any], dependencies: dic
     return _digest(blob + subfl.__version__ + _data_manifest_hash())
 
 
-def _changed_dependencies(recorded: dict[str, dict[str, str]], current: dict[str, dict[str, str]]) -> list[str]:
-    """The files and entries whose digest differs between ``recorded`` and ``current``."""
-    return [f"{name} {'removed' if current[part][name] == 'missing' else 'changed'}"
-            for part in ("files", "entries") for name, digest in recorded[part].items()
+def _changed(recorded: dict[str, dict[str, str]], current: dict[str, dict[str, str]]) -> list[tuple[str, str]]:
+    """``(part, name)`` of the files and entries whose digest differs between ``recorded`` and ``current``."""
+    return [(part, name) for part in ("files", "entries") for name, digest in recorded[part].items()
             if current[part][name] != digest]
+
+
+def _changed_dependencies(recorded: dict[str, dict[str, str]], current: dict[str, dict[str, str]]) -> list[str]:
+    """The files and entries whose digest differs between ``recorded`` and ``current``, each marked removed or
+    changed."""
+    return [f"{name} {'removed' if current[part][name] == 'missing' else 'changed'}"
+            for part, name in _changed(recorded, current)]
 
 
 def _staleness(source: Path, meta: dict[str, Any], scale: str) -> str | None:
@@ -260,15 +266,14 @@ def acknowledge_change(files: list[str] | tuple[str, ...], reason: str, scale: s
         nb = nbformat.read(dst, as_version=4)
         meta = nb.metadata.get("subfl", {})
         recorded = meta.get("dependencies")
-        if _staleness(src, meta, scale) is None or recorded is None:
+        if meta.get("scale") != scale or recorded is None:
             continue
         current = _current_dependencies(recorded)
-        changed = {name for part in ("files", "entries") for name, digest in recorded[part].items()
-                   if current[part][name] != digest}
+        changed = {name for _, name in _changed(recorded, current)}
         parameters = {**default_parameters(src), "scale": scale}
         if not changed or not changed <= set(files) or \
                 meta.get("fingerprint") != page_fingerprint(src, parameters, recorded):
-            continue  # stale for another reason too: only re-execution can refresh it
+            continue  # fresh, or stale for another reason too (only re-execution can refresh it)
         meta.setdefault("acknowledged", []).append({
             "files": {f: [recorded["files"][f], current["files"][f]] for f in sorted(changed)},
             "reason": reason.strip(),

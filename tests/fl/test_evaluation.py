@@ -30,16 +30,18 @@ def _batch_norm_classifier() -> nn.Module:
 
 
 def test_batch_statistics_are_detected_from_the_norm_layers():
+    image = dict(num_classes=10, input_shape=(3, 32, 32))
     assert uses_batch_statistics(_batch_norm_classifier())
-    assert uses_batch_statistics(build_model("vgg11", num_classes=10, input_shape=(3, 32, 32), width=0.125, norm="bn_nostats"))
-    assert not uses_batch_statistics(build_model("vgg11", num_classes=10, input_shape=(3, 32, 32), width=0.125, norm="bn"))
-    assert not uses_batch_statistics(build_model("cnn", num_classes=10, input_shape=(3, 32, 32), width=0.25))
+    assert uses_batch_statistics(build_model("vgg11", width=0.125, norm="bn_nostats", **image))
+    assert not uses_batch_statistics(build_model("vgg11", width=0.125, norm="bn", **image))
+    assert not uses_batch_statistics(build_model("cnn", width=0.25, **image))
 
 
 def test_a_batch_statistics_model_is_scored_in_mixed_batches_of_class_sorted_data():
     data, model = _sorted_two_class_data(), _batch_norm_classifier().eval()
     # storage order: every batch of 100 holds one class, normalised to mean 0, so about half is misread
-    contiguous = sum(int((model(data.x[s:s + 100]).argmax(1) == data.y[s:s + 100]).sum()) for s in range(0, 400, 100))
+    contiguous = sum(int((model(data.x[s:s + 100]).argmax(1) == data.y[s:s + 100]).sum())
+                     for s in range(0, 400, 100))
     assert contiguous / 400 < 0.65
     assert evaluate(model, data, batch_size=100)["accuracy"] == 1.0
     preds, truth = model_predictions(model, data, batch_size=100)
