@@ -11,7 +11,7 @@ import torch
 from subfl.costs import count_parameters, forward_flops
 from subfl.data.base import ArrayData
 from subfl.experiments import make_config, run_experiment
-from subfl.fl.training import ClientDataset, LocalTraining
+from subfl.fl.training import ClientDataset, LocalTraining, train_epochs
 from subfl.fl.types import ClientProfile, Update
 from subfl.methods import METHODS, make_method
 from subfl.methods.base import ClientContext, ServerContext
@@ -362,3 +362,36 @@ def test_collective_solves_its_design_per_keep_ratio_group():
         assert np.allclose(tasks[cid].tensors["layers.3.omega"].numpy(), omega[idx], rtol=1e-5)
     _, omega_all = collective_inclusion(lam, 4, clients=4)  # one design for all four would differ
     assert not np.allclose(omega, omega_all)
+
+
+
+def _submodel_with_omega() -> torch.nn.Module:
+    """A sub-model of layers.3 with three terms carrying ω = 1, 20, 100 (their +cliplr scales: 1, 0.5, 0.1)."""
+    model = Factory("mlp")()
+    return build_submodel(model, decompose(model), {"layers.3": [0, 1, 2]}, {"layers.3": [1.0, 20.0, 100.0]})
+
+
+def _term_steps(optimizer: str, cliplr: bool) -> list[float]:
+    """How far each term's v'_i moves in ten local steps (same data, same batches)."""
+    sub = _submodel_with_omega()
+    layer = factorized_modules(sub)["layers.3"]
+    before = layer.v.detach().clone()
+    g = torch.Generator().manual_seed(0)
+    data = ClientDataset(ArrayData(torch.randn(64, 1, 8, 8, generator=g), torch.randint(0, 10, (64,), generator=g)),
+                         np.arange(64))
+    config = LocalTraining(optimizer=optimizer, lr=1e-3, batch_size=16, local_steps=10).round_config(0, 1)
+    train_epochs(sub, data, config, torch.Generator().manual_seed(1),
+                 before_step=clip_gradients(sub, 10.0) if cliplr else None)
+    return (layer.v.detach() - before).norm(dim=1).tolist()
+
+
+def test_clipped_learning_rate_cancels_under_adam_but_not_under_sgd():
+    """The Shakespeare page runs Unbiased / Collective without +cliplr because every client uses Adam there: a
+    constant per-term gradient factor min(1, τ/ω_i) cancels in Adam's m / (√v + ε), so +cliplr changes nothing
+    (up to ε); with SGD it scales term i's steps by that factor."""
+    adam, adam_clipped = _term_steps("adam", False), _term_steps("adam", True)
+    assert min(adam) > 1e-3                                   # every term moved
+    assert adam_clipped == pytest.approx(adam, rel=1e-4)      # ... and by the same amount with +cliplr
+    sgd, sgd_clipped = _term_steps("sgd", False), _term_steps("sgd", True)
+    ratios = [clipped / plain for clipped, plain in zip(sgd_clipped, sgd)]  # measured 0.957, 0.524, 0.106
+    assert ratios == pytest.approx([1.0, 0.5, 0.1], rel=0.1)  # the scales (the trajectories interact a little)
