@@ -159,9 +159,14 @@ def test_collective_wallenius_and_scaled_multipliers():
     assert torch.linalg.norm(w_sub).item() == pytest.approx(torch.linalg.norm(model.layers[3].weight).item(), rel=1e-5)
 
 
-def test_clip_gradients_scales_by_min_one_tau_over_omega():
+def _submodel_with_omega() -> torch.nn.Module:
+    """A sub-model of layers.3 with three terms carrying ω = 1, 20, 100 (their +cliplr scales: 1, 0.5, 0.1)."""
     model = Factory("mlp")()
-    sub = build_submodel(model, decompose(model), {"layers.3": [0, 1, 2]}, {"layers.3": [1.0, 20.0, 100.0]})
+    return build_submodel(model, decompose(model), {"layers.3": [0, 1, 2]}, {"layers.3": [1.0, 20.0, 100.0]})
+
+
+def test_clip_gradients_scales_by_min_one_tau_over_omega():
+    sub = _submodel_with_omega()
     layer = factorized_modules(sub)["layers.3"]
     layer.u.grad, layer.v.grad = torch.ones_like(layer.u), torch.ones_like(layer.v)
     clip_gradients(sub, 10.0)()
@@ -363,12 +368,6 @@ def test_collective_solves_its_design_per_keep_ratio_group():
     _, omega_all = collective_inclusion(lam, 4, clients=4)  # one design for all four would differ
     assert not np.allclose(omega, omega_all)
 
-
-
-def _submodel_with_omega() -> torch.nn.Module:
-    """A sub-model of layers.3 with three terms carrying ω = 1, 20, 100 (their +cliplr scales: 1, 0.5, 0.1)."""
-    model = Factory("mlp")()
-    return build_submodel(model, decompose(model), {"layers.3": [0, 1, 2]}, {"layers.3": [1.0, 20.0, 100.0]})
 
 
 def _term_steps(optimizer: str, cliplr: bool) -> list[float]:

@@ -36,9 +36,6 @@ from types import MappingProxyType
 
 from .config import ExperimentConfig, make_config
 
-SPECTRAL_SHAKESPEARE_METHODS: tuple[str, ...] = ("fedavg", "topn", "prism", "unbiased", "collective")
-"""The rows of the Shakespeare column: the full-model reference, the two heuristics and the two optimal designs."""
-
 SPECTRAL_SHAKESPEARE_TRAINING = MappingProxyType(dict(optimizer="adam", lr=0.003, grad_clip=1.0, momentum=0.0,
                                                       local_epochs=1, lr_schedule="constant"))
 """Local training of every method in the Shakespeare setting (all scales)."""
@@ -66,5 +63,4 @@ def spectral_shakespeare_config(method: str, keep: str = "0.2", *, scale: str = 
                        **fields)
 
 
-__all__ = ["SPECTRAL_SHAKESPEARE_METHODS", "SPECTRAL_SHAKESPEARE_SIZES", "SPECTRAL_SHAKESPEARE_TRAINING",
-           "spectral_shakespeare_config"]
+__all__ = ["SPECTRAL_SHAKESPEARE_SIZES", "SPECTRAL_SHAKESPEARE_TRAINING", "spectral_shakespeare_config"]
