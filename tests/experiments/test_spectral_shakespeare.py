@@ -2,7 +2,7 @@
 import pytest
 
 from subfl.experiments import run_experiment
-from subfl.experiments.spectral_shakespeare import spectral_shakespeare_config
+from subfl.experiments.spectral_shakespeare import FULL_MODEL_METHODS, spectral_shakespeare_config
 from subfl.models import build_model
 from subfl.models.factorized import layer_specs
 from subfl.sampling import keep_count
@@ -17,6 +17,14 @@ def test_every_method_shares_the_training_and_fedavg_is_the_full_model():
         assert (c.num_clients, c.clients_per_round, c.rounds, c.max_test_samples) == (100, 5, 30, 2000)
         assert dict(c.dataset_options) == {"stride": 20, "max_users": 100}
     assert fedavg.replace(method="collective", heterogeneity="0.2") == collective
+
+
+def test_full_model_methods_ignore_the_keep_ratio():
+    assert FULL_MODEL_METHODS == ("fedavg", "nosharding")
+    for method in FULL_MODEL_METHODS:
+        assert spectral_shakespeare_config(method, "0.1").heterogeneity == "1.0"
+        assert spectral_shakespeare_config(method, "0.1") == spectral_shakespeare_config(method, "0.2")
+    assert spectral_shakespeare_config("topn", "0.1").heterogeneity == "0.1"
 
 
 def test_scales_change_sizes_only_and_overrides_come_last():
