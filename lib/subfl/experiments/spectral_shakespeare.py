@@ -41,7 +41,7 @@ SPECTRAL_SHAKESPEARE_TRAINING = MappingProxyType(dict(optimizer="adam", lr=0.003
 """Local training of every method in the Shakespeare setting (all scales)."""
 
 FULL_MODEL_METHODS = ("fedavg", "nosharding")
-"""Methods whose every client trains the whole model: dense FedAvg and the factorized model without sharding (r = 1)."""
+"""Methods whose every client trains the whole model: dense FedAvg and the factorized model unsharded (r = 1)."""
 
 SPECTRAL_SHAKESPEARE_SIZES = MappingProxyType({
     "ci": MappingProxyType(dict(num_clients=4, clients_per_round=2, rounds=2, local_steps=3, max_train_samples=None,
@@ -57,7 +57,8 @@ SPECTRAL_SHAKESPEARE_SIZES = MappingProxyType({
 def spectral_shakespeare_config(method: str, keep: str = "0.2", *, scale: str = "cpu", seed: int = 0,
                                 **overrides) -> ExperimentConfig:
     """The Shakespeare experiment of ``method`` with every client at keep ratio ``keep`` (``keep`` is ignored by
-    :data:`FULL_MODEL_METHODS`, whose clients train every parameter: their profiles say keep 1). ``overrides``: any config field (``method_options={...}``, ``rounds=...``), applied last."""
+    :data:`FULL_MODEL_METHODS`, whose clients train every parameter: their profiles say keep 1). ``overrides``: any
+    config field (``method_options={...}``, ``rounds=...``), applied last."""
     if scale not in SPECTRAL_SHAKESPEARE_SIZES:
         raise ValueError(f"scale={scale!r} is not valid; accepted: {', '.join(SPECTRAL_SHAKESPEARE_SIZES)}")
     fields = {**SPECTRAL_SHAKESPEARE_TRAINING, **SPECTRAL_SHAKESPEARE_SIZES[scale],
@@ -66,4 +67,5 @@ def spectral_shakespeare_config(method: str, keep: str = "0.2", *, scale: str = 
                        **fields)
 
 
-__all__ = ["FULL_MODEL_METHODS", "SPECTRAL_SHAKESPEARE_SIZES", "SPECTRAL_SHAKESPEARE_TRAINING", "spectral_shakespeare_config"]
+__all__ = ["FULL_MODEL_METHODS", "SPECTRAL_SHAKESPEARE_SIZES", "SPECTRAL_SHAKESPEARE_TRAINING",
+           "spectral_shakespeare_config"]
