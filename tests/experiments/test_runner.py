@@ -203,3 +203,21 @@ def test_a_run_diverging_after_an_evaluated_round_still_gets_a_summary(tmp_path)
         del METHODS[LateNaN.name]
     assert res.summary["diverged_at_round"] == 2 and res.summary["final_accuracy"] is None
     assert res.curve()["round"].tolist() == [1] and res.summary["torch_threads"] >= 1
+
+
+@pytest.mark.parametrize("method", ["fedavg", "prism"])
+def test_a_longer_run_repeats_the_shorter_run_round_for_round(tmp_path, method):
+    """Every random draw comes from (seed, round, client), so with a constant learning rate the first rounds of a
+    longer run are the shorter run (what the longer-training pages rely on); a cosine schedule, annealed over the
+    run's own length, changes them."""
+    cfg = _cfg(eval_every=1).replace(method=method, heterogeneity="1.0" if method == "fedavg" else "0.4")
+    short = run_experiment(cfg.replace(rounds=2), tmp_path / "short", cache=False)
+    longer = run_experiment(cfg.replace(rounds=4), tmp_path / "long", cache=False)
+    head = longer.history[longer.history["round"] <= 2].reset_index(drop=True)
+    assert len(head) == len(short.history) > 0
+    pd.testing.assert_frame_equal(head[["round", "metric", "group"]], short.history[["round", "metric", "group"]])
+    assert (head["value"] == short.history["value"]).all()  # bit for bit
+    cosine = cfg.replace(lr_schedule="cosine")
+    short = run_experiment(cosine.replace(rounds=2), tmp_path / "cos_short", cache=False)
+    longer = run_experiment(cosine.replace(rounds=4), tmp_path / "cos_long", cache=False)
+    assert longer.curve("train_loss").value.iloc[1] != short.curve("train_loss").value.iloc[1]
