@@ -34,6 +34,9 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
+import pandas as pd
+
+from .analysis import finding_status
 from .config import ExperimentConfig, make_config
 
 SPECTRAL_SHAKESPEARE_TRAINING = MappingProxyType(dict(optimizer="adam", lr=0.003, grad_clip=1.0, momentum=0.0,
@@ -67,5 +70,39 @@ def spectral_shakespeare_config(method: str, keep: str = "0.2", *, scale: str = 
                        **fields)
 
 
-__all__ = ["FULL_MODEL_METHODS", "SPECTRAL_SHAKESPEARE_SIZES", "SPECTRAL_SHAKESPEARE_TRAINING",
-           "spectral_shakespeare_config"]
+HEURISTICS = ("topn", "prism")
+"""The heuristic strategies Table 1's caption compares the optimal designs with: top-n (OrthDrop) and PriSM."""
+
+OPTIMAL_DESIGNS = ("unbiased", "collective")
+"""Spectral sharding's two designs: Theorem 3.1 (Unbiased) and Theorem 3.2 (Collective)."""
+
+
+def last_evaluations_mean(curves: pd.DataFrame, end: int, eval_every: int, evaluations: int = 5) -> pd.Series:
+    """Each run's mean over its last ``evaluations`` evaluations up to round ``end`` (rounds
+    ``end - evaluations·eval_every + 1 … end``), indexed by (method, seed). ``curves``: a
+    :func:`~subfl.experiments.history_frame` with fields ``method`` and ``seed``. The Shakespeare curves move by a
+    few points between evaluations, so the pages compare these means rather than the final round."""
+    window = curves[(curves["round"] > end - evaluations * eval_every) & (curves["round"] <= end)]
+    return window.groupby(["method", "seed"])["value"].mean()
+
+
+def gap_to_heuristics(late: pd.DataFrame, designs: tuple[str, ...] = OPTIMAL_DESIGNS) -> pd.DataFrame:
+    """Table 1's Shakespeare statement ("the gap is not significant") checked on ``late`` (columns ``mean`` and
+    ``std`` over the seeds, one row per method, including :data:`HEURISTICS` and ``designs``).
+
+    Per design: the better heuristic by mean, the gap to it in points, the seed spread √(sd₁² + sd₂²) in points, and
+    the status — ``same`` when |gap| ≤ 2·spread, ``differs`` when larger, ``differs (diverged)`` when a compared mean
+    is NaN, and a dash when there is one seed (no spread)."""
+    best = late.loc[list(HEURISTICS), "mean"].idxmax()
+    rows = {}
+    for design in designs:
+        gap = 100 * (late.loc[design, "mean"] - late.loc[best, "mean"])
+        spread = 100 * (late.loc[design, "std"] ** 2 + late.loc[best, "std"] ** 2) ** 0.5
+        status = (finding_status(bool(abs(gap) <= 2 * spread), *late.loc[[design, *HEURISTICS], "mean"])
+                  if spread == spread else "— (one seed: no spread to judge by)")
+        rows[design] = {"better heuristic": best, "gap (points)": gap, "spread (points)": spread, "status": status}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+__all__ = ["FULL_MODEL_METHODS", "HEURISTICS", "OPTIMAL_DESIGNS", "SPECTRAL_SHAKESPEARE_SIZES",
+           "SPECTRAL_SHAKESPEARE_TRAINING", "gap_to_heuristics", "last_evaluations_mean", "spectral_shakespeare_config"]
