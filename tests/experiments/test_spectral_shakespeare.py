@@ -6,6 +6,7 @@ import pytest
 
 from subfl.experiments import run_experiment
 from subfl.experiments.spectral_shakespeare import (FULL_MODEL_METHODS, gap_to_heuristics, last_evaluations_mean,
+                                                     length_comparison, seed_summary,
                                                      spectral_shakespeare_config)
 from subfl.models import build_model
 from subfl.models.factorized import layer_specs
@@ -81,3 +82,38 @@ def test_gap_to_heuristics_measures_against_the_better_heuristic_in_seed_spreads
     assert gap_to_heuristics(late, designs=("single",)).loc["single", "status"].startswith("— (one seed")
     diverged = late.assign(mean=late["mean"].where(late.index != "unbiased", math.nan))
     assert gap_to_heuristics(diverged).loc["unbiased", "status"] == "differs (diverged)"
+
+
+def _two_method_curves():
+    """top-n at 0.4 then 0.5 (seeds agree); prism rising 0.1 per evaluation, seeds 0.02 apart; rounds 2..8."""
+    rows = []
+    for seed in (0, 1):
+        for round_ in (2, 4, 6, 8):
+            rows.append(("topn", seed, round_, 0.4 if round_ <= 4 else 0.5))
+            rows.append(("prism", seed, round_, 0.1 * round_ / 2 + 0.02 * seed))
+    return pd.DataFrame(rows, columns=["method", "seed", "round", "value"])
+
+
+def test_seed_summary_averages_each_run_then_the_seeds_in_the_methods_order():
+    summary = seed_summary(_two_method_curves(), end=4, eval_every=2, methods=["topn", "prism", "absent"],
+                           evaluations=2)
+    assert list(summary.index) == ["topn", "prism", "absent"]
+    assert summary.loc["topn", "mean"] == pytest.approx(0.4) and summary.loc["topn", "std"] == pytest.approx(0)
+    assert summary.loc["prism", "mean"] == pytest.approx(0.16)                 # runs 0.15 and 0.17
+    assert summary.loc["prism", "std"] == pytest.approx(0.02 / math.sqrt(2))   # sample sd of two values 0.02 apart
+    assert math.isnan(summary.loc["absent", "mean"])
+
+
+def test_length_comparison_reads_both_lengths_the_gap_the_change_and_the_best_round():
+    table = length_comparison(_two_method_curves(), ends=(4, 8), eval_every=2, methods=["topn", "prism"])
+    # last five evaluations up to round 4 are rounds 2 and 4; up to 8 all four rounds
+    assert table.loc["topn", "last five to round 4"] == "0.4000 ± 0.0000"
+    assert table.loc["prism", "gap to topn, round 4 (points)"] == pytest.approx(-24.0)   # 0.16 - 0.40
+    assert table.loc["prism", "gap to topn, round 8 (points)"] == pytest.approx(-19.0)   # 0.26 - 0.45
+    assert table.loc["prism", "change, round 4→8 (points)"] == pytest.approx(10.0)
+    assert table.loc["prism", "best seed-mean evaluation"] == pytest.approx(0.41)        # round 8: 0.40 and 0.42
+    assert table.loc["prism", "at round"] == 8 and table.loc["topn", "at round"] == 6   # first of the 0.5 rounds
+    with pytest.raises(ValueError, match="ends="):
+        length_comparison(_two_method_curves(), ends=(8, 4), eval_every=2, methods=["topn"])
+    with pytest.raises(ValueError, match="reference="):
+        length_comparison(_two_method_curves(), ends=(4, 8), eval_every=2, methods=["prism"])

@@ -36,7 +36,7 @@ from types import MappingProxyType
 
 import pandas as pd
 
-from .analysis import finding_status
+from .analysis import finding_status, mean_std_labels
 from .config import ExperimentConfig, make_config
 
 SPECTRAL_SHAKESPEARE_TRAINING = MappingProxyType(dict(optimizer="adam", lr=0.003, grad_clip=1.0, momentum=0.0,
@@ -86,6 +86,38 @@ def last_evaluations_mean(curves: pd.DataFrame, end: int, eval_every: int, evalu
     return window.groupby(["method", "seed"])["value"].mean()
 
 
+def seed_summary(curves: pd.DataFrame, end: int, eval_every: int, methods: list[str] | tuple[str, ...],
+                 evaluations: int = 5) -> pd.DataFrame:
+    """Mean and standard deviation over the seeds of :func:`last_evaluations_mean` up to round ``end``, one row per
+    method in the order of ``methods`` (NaN for a method without runs in ``curves``, e.g. all diverged)."""
+    means = last_evaluations_mean(curves, end, eval_every, evaluations)
+    return means.groupby("method").agg(["mean", "std"]).reindex(list(methods))
+
+
+def length_comparison(curves: pd.DataFrame, ends: tuple[int, int], eval_every: int,
+                      methods: list[str] | tuple[str, ...], reference: str = "topn") -> pd.DataFrame:
+    """The longer-training table (Table 2's question): per method, the last-five-evaluation accuracy (mean ± sd over
+    the seeds, :func:`seed_summary`) up to each round of ``ends`` = (shorter run's last round, longer run's last
+    round), the gap to ``reference`` at each in points, the change between them in points, and the best evaluation of
+    the seed-mean curve with its round. Rows in the order of ``methods``."""
+    if len(ends) != 2 or ends[0] >= ends[1]:
+        raise ValueError(f"ends={ends!r} is not valid; accepted: two rounds (shorter, longer), the first smaller")
+    if reference not in methods:
+        raise ValueError(f"reference={reference!r} is not valid; accepted: one of methods {list(methods)}")
+    late = {end: seed_summary(curves, end, eval_every, methods) for end in ends}
+    mean_curve = curves.groupby(["method", "round"])["value"].mean()
+    best = mean_curve.groupby("method").agg(["max", "idxmax"]).reindex(list(methods))
+    columns = {f"last five to round {end}": pd.Series(mean_std_labels(frame), index=list(methods))
+               for end, frame in late.items()}
+    columns.update({f"gap to {reference}, round {end} (points)":
+                    (100 * (frame["mean"] - frame.loc[reference, "mean"])).round(1) for end, frame in late.items()})
+    columns[f"change, round {ends[0]}→{ends[1]} (points)"] = (100 * (late[ends[1]]["mean"]
+                                                                      - late[ends[0]]["mean"])).round(1)
+    columns["best seed-mean evaluation"] = best["max"].round(4)
+    columns["at round"] = best["idxmax"].map(lambda index: index[1] if isinstance(index, tuple) else index)
+    return pd.DataFrame(columns)
+
+
 def gap_to_heuristics(late: pd.DataFrame, designs: tuple[str, ...] = OPTIMAL_DESIGNS) -> pd.DataFrame:
     """Table 1's Shakespeare statement ("the gap is not significant") checked on ``late`` (columns ``mean`` and
     ``std`` over the seeds, one row per method, including :data:`HEURISTICS` and ``designs``).
@@ -105,4 +137,5 @@ def gap_to_heuristics(late: pd.DataFrame, designs: tuple[str, ...] = OPTIMAL_DES
 
 
 __all__ = ["FULL_MODEL_METHODS", "HEURISTICS", "OPTIMAL_DESIGNS", "SPECTRAL_SHAKESPEARE_SIZES",
-           "SPECTRAL_SHAKESPEARE_TRAINING", "gap_to_heuristics", "last_evaluations_mean", "spectral_shakespeare_config"]
+           "SPECTRAL_SHAKESPEARE_TRAINING", "gap_to_heuristics", "last_evaluations_mean", "length_comparison", "seed_summary",
+           "spectral_shakespeare_config"]
