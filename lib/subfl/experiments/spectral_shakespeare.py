@@ -105,16 +105,15 @@ def length_comparison(curves: pd.DataFrame, ends: tuple[int, int], eval_every: i
     if reference not in methods:
         raise ValueError(f"reference={reference!r} is not valid; accepted: one of methods {list(methods)}")
     late = {end: seed_summary(curves, end, eval_every, methods) for end in ends}
-    mean_curve = curves.groupby(["method", "round"])["value"].mean()
-    best = mean_curve.groupby("method").agg(["max", "idxmax"]).reindex(list(methods))
+    mean_curves = curves.groupby(["round", "method"])["value"].mean().unstack("method")   # one column per method
     columns = {f"last five to round {end}": pd.Series(mean_std_labels(frame), index=list(methods))
                for end, frame in late.items()}
     columns.update({f"gap to {reference}, round {end} (points)":
                     (100 * (frame["mean"] - frame.loc[reference, "mean"])).round(1) for end, frame in late.items()})
     columns[f"change, round {ends[0]}→{ends[1]} (points)"] = (100 * (late[ends[1]]["mean"]
                                                                       - late[ends[0]]["mean"])).round(1)
-    columns["best seed-mean evaluation"] = best["max"].round(4)
-    columns["at round"] = best["idxmax"].map(lambda index: index[1] if isinstance(index, tuple) else index)
+    columns["best seed-mean evaluation"] = mean_curves.max().reindex(list(methods)).round(4)
+    columns["at round"] = mean_curves.idxmax().reindex(list(methods)).astype("Int64")
     return pd.DataFrame(columns)
 
 
