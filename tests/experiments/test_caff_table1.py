@@ -104,3 +104,15 @@ def test_caff_table2_plan_needs_both_groups_to_fit(monkeypatch):
         catalog.caff_table2_config("caff", "gflops", 4, scale="ci")
     with pytest.raises(ValueError, match="task='cifar100'"):
         catalog.caff_task_config("cifar100", 3, scale="ci")
+
+
+def test_task_config_trained_layers_is_the_reference_when_every_block_trains():
+    full = catalog.caff_task_config("cifar10", 3, scale="ci", trained_layers=3)
+    assert dict(full.method_options)["trained_layers"] == 3 and dict(full.method_options)["architecture"] == 3
+    # the default is the old one-block setting; Shakespeare forwards the keyword to Fig. 1's config
+    assert dict(catalog.caff_task_config("cifar10", 3, scale="ci").method_options)["trained_layers"] == 1
+    assert catalog.caff_task_config("shakespeare", 3, scale="ci", trained_layers=2) == \
+        catalog.caff_fig1_config("layers", 3, 2, scale="ci")
+    for bad in (0, 4, 2.0, True):
+        with pytest.raises(ValueError, match=r"trained_layers=.* accepted: an int in 1\.\.3"):
+            catalog.caff_task_config("cifar10", 3, scale="ci", trained_layers=bad)

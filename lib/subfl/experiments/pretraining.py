@@ -21,7 +21,8 @@ the book's substitutes:
   Augmentation: random 4-pixel-padded crops and horizontal flips.
 
 Optimisation: AdamW (β = (0.9, 0.95), weight decay on matrices only), linear warm-up then cosine decay to
-``min_lr_ratio · lr``, gradient clipping. Everything random comes from generators derived from ``seed``.
+``min_lr_ratio · lr``, gradient clipping, optionally bfloat16 autocast (``precision``; the ViTs of the ``cpu`` scale).
+Everything random comes from generators derived from ``seed``.
 
 Scales (:func:`preset`; they change sizes, never the recipe):
 
@@ -61,6 +62,10 @@ from ..fl.rng import seed_sequence, torch_generator
 from ..models.transformers import TinyGPT, TinyViT, causal_lm_loss
 from .cache import cache_root, code_fingerprint
 
+PRECISIONS = ("float32", "bfloat16")
+"""``float32``: plain training; ``bfloat16``: forward and backward under ``torch.autocast`` in bfloat16 (weights,
+gradients and AdamW state stay float32) — 1.6x faster per ViT step on a CPU with AVX-512 bf16."""
+
 KINDS = ("lm", "vit")
 """``lm``: :class:`~subfl.models.transformers.TinyGPT`; ``vit``: :class:`~subfl.models.transformers.TinyViT`."""
 
@@ -87,6 +92,7 @@ class PretrainConfig:
     seed: int = 0
     device: str = "cpu"
     eval_batches: int = 8
+    precision: str = "float32"
     # language model
     seq_len: int = 256
     context_length: int = 256
@@ -108,6 +114,8 @@ class PretrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.seq_len > self.context_length:
             raise ValueError(f"seq_len={self.seq_len} exceeds context_length={self.context_length}")
         if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1 or self.warmup_steps < 0 or self.weight_decay < 0:
@@ -156,9 +164,12 @@ PRESETS: dict[tuple[str, str], dict[str, Any]] = {
     ("lm", "paper"): dict(layers=(3, 6, 9, 12), steps=20_000, batch_size=64, seq_len=256, lr=6e-4,
                           warmup_steps=1000, eval_batches=50, device="cuda"),
     ("vit", "ci"): dict(layers=(3,), steps=3, batch_size=8, warmup_steps=1, eval_batches=2, max_images=200),
-    # measured 0.20 / 0.62 s per step of 32 images for l = 3 / 9 (same machine): ~16 min for l = 3, 6, 9;
-    # 800 steps = 25.6 k images, about 2.5 passes over the 10,000 pretraining images.
-    ("vit", "cpu"): dict(layers=(3, 6, 9), steps=800, batch_size=32, lr=1e-3, warmup_steps=80, weight_decay=0.05),
+    # 4,000 steps of 32 images = 12.8 passes over the 10,000 pretraining images, in bfloat16 autocast: measured
+    # 0.12 / 0.35 s per step for l = 3 / 9 on one core (fp32: 0.19 / 0.57), ~25 min for l = 3, 6, 9 on two cores.
+    # The earlier recipe (800 steps, 2.5 passes) left F_3 at 0.535 on its own five classes and its full finetuning
+    # at 0.41 on the downstream five: too weak for CAFF's CIFAR-10 tables.
+    ("vit", "cpu"): dict(layers=(3, 6, 9), steps=4000, batch_size=32, lr=1e-3, warmup_steps=200, weight_decay=0.05,
+                         eval_batches=40, precision="bfloat16"),
     ("vit", "paper"): dict(layers=(3, 6, 9, 12), steps=20_000, batch_size=128, lr=1e-3, warmup_steps=1000,
                            weight_decay=0.05, eval_batches=50, device="cuda"),
 }
@@ -321,8 +332,10 @@ def train_from_scratch(config: PretrainConfig, data_root: str | os.PathLike | No
             x, y = x.to(config.device), y.to(config.device)
             for group in optimizer.param_groups:
                 group["lr"] = _lr_at(config, step)
-            out = model(x)
-            loss = causal_lm_loss(out, x, y) if config.kind == "lm" else nn.functional.cross_entropy(out, y)
+            with torch.autocast(torch.device(config.device).type, dtype=torch.bfloat16,
+                                enabled=config.precision == "bfloat16"):
+                out = model(x)
+                loss = causal_lm_loss(out, x, y) if config.kind == "lm" else nn.functional.cross_entropy(out, y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if config.grad_clip:
@@ -376,6 +389,6 @@ def pretrain_family(kind: str = "lm", scale: str = "cpu", layers: Iterable[int] 
     return {l: pretrain(preset(kind, scale, l, **overrides), data_root, progress=progress) for l in depths}
 
 
-__all__ = ["DOWNSTREAM_CLASSES", "KINDS", "PRESETS", "PRETRAIN_CLASSES", "PretrainConfig", "cifar10_classes",
+__all__ = ["DOWNSTREAM_CLASSES", "KINDS", "PRECISIONS", "PRESETS", "PRETRAIN_CLASSES", "PretrainConfig", "cifar10_classes",
            "family_depths", "preset", "pretrain", "pretrain_family", "pretrain_summary", "pretrained_dir",
            "train_from_scratch"]
