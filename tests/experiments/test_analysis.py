@@ -232,6 +232,11 @@ def test_weak_device_f1_table_rebuilds_the_final_model(tmp_path):
     assert row.weak_f1 == pytest.approx(float(np.dot(weak, f1)), abs=1e-12)
     with pytest.raises(ValueError, match="no client is in groups"):
         group_class_probabilities(cfg, ["0.25"])
+    # the scored model can be chosen by key or by a function of the run; an unknown key is named
+    by_function = weak_device_f1_table([result], model=lambda r: "global").iloc[0]
+    assert by_function.weak_f1 == pytest.approx(row.weak_f1, abs=1e-12)
+    with pytest.raises(ValueError, match=r"model='0.5' is not an evaluation model of run .*accepted: global"):
+        weak_device_f1_table([result], model="0.5")
 
 
 def test_recalibrate_batchnorm_sets_the_exact_input_statistics():

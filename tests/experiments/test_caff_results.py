@@ -1,7 +1,8 @@
 """CAFF result tables (subfl.experiments.caff_results): labels, seed statistics, the plan check, CAFF against the
 best baseline, and the class shares of the weak devices."""
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -14,17 +15,28 @@ from tests.conftest import data_root
 
 @dataclass
 class _Run:
-    """The part of a RunResult the tables read: final values and the recorded per-group choice."""
+    """The part of a RunResult the tables read: final values (``accuracy`` of the global model, ``slices`` of the
+    width slices a width method evaluates), the recorded per-group choice and the method."""
     accuracy: float
     chosen: dict
+    method: str = "caff"
+    slices: dict = field(default_factory=dict)
 
     def final(self, metric="accuracy", group="global"):
-        return self.accuracy if metric == "accuracy" else float("nan")
+        if metric != "accuracy":
+            return float("nan")
+        return self.accuracy if group == "global" else self.slices[group]
+
+    @property
+    def config(self):
+        return SimpleNamespace(method=self.method)
 
     @property
     def history(self):
+        accuracy = {"global": self.accuracy, **self.slices}
         return pd.DataFrame([{"round": 1, "metric": m, "group": g, "value": v}
-                             for m, per_group in self.chosen.items() for g, v in per_group.items()])
+                             for m, per_group in {**self.chosen, "accuracy": accuracy}.items()
+                             for g, v in per_group.items()])
 
 
 def _plan1():
@@ -47,7 +59,8 @@ def test_table1_results_seed_mean_sd_and_plan_check():
     runs = {("memory_mb", 36.0, "caff"): [_Run(0.60, {"trained_layers": {"1": 1.0}}),
                                           _Run(0.64, {"trained_layers": {"1": 1.0}})],
             ("memory_mb", 36.0, "fedhm"): [_Run(0.50, {"rank_ratio": {"1": 0.5}})],
-            ("memory_mb", 36.0, "fedrolex-ft"): [_Run(0.40, {"width": {"1": 0.5}})]}  # not the planned 0.25
+            ("memory_mb", 36.0, "fedrolex-ft"): [_Run(0.40, {"width": {"1": 0.5}}, "fedrolex-ft",
+                                                      {"0.5": 0.45})]}  # not the planned 0.25
     table = caff_results.table1_results(_plan1(), runs).set_index("method")
     assert table.loc["caff", "accuracy"] == pytest.approx(0.62)
     assert table.loc["caff", "accuracy sd"] == pytest.approx(math.sqrt(2 * 0.02 ** 2))  # sample sd of two values
@@ -56,6 +69,18 @@ def test_table1_results_seed_mean_sd_and_plan_check():
     assert table.loc["caff", "run chose the planned setting"] is True
     assert table.loc["fedrolex-ft", "run chose the planned setting"] is False
     assert table.loc["hetlora", "run chose the planned setting"] == "—"
+    # a width method trained below full width is scored on its largest trained slice; the full model beside it
+    assert table.loc["fedrolex-ft", "evaluated"] == "width 0.5" and table.loc["caff", "evaluated"] == "global"
+    assert table.loc["fedrolex-ft", "accuracy"] == pytest.approx(0.45)
+    assert table.loc["fedrolex-ft", "global accuracy"] == pytest.approx(0.40)
+    assert table.loc["caff", "global accuracy"] == pytest.approx(0.62)
+
+
+def test_evaluated_model_is_the_largest_trained_width_below_full_width():
+    assert caff_results.evaluated_model(_Run(0.1, {}, "heterofl-ft", {"0.25": 0.27, "0.5": 0.31})) == "0.5"
+    # a device trained the full width: the full model is a trained model
+    assert caff_results.evaluated_model(_Run(0.48, {}, "heterofl-ft", {"0.5": 0.42, "1": 0.48})) == "global"
+    assert caff_results.evaluated_model(_Run(0.1, {}, "fedhm", {"0.5": 0.3})) == "global"  # not width slicing
 
 
 def _results(rows):

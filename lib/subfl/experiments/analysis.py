@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import pandas as pd
 import torch
@@ -483,11 +483,14 @@ def group_class_probabilities(config: ExperimentConfig, groups: Sequence[str],
 
 
 def weak_device_f1_table(results: Iterable[RunResult], weak_groups: Sequence[str] = ("0.5",),
-                         strong_groups: Sequence[str] = ("1",), data_root: str | None = None) -> pd.DataFrame:
+                         strong_groups: Sequence[str] = ("1",), data_root: str | None = None,
+                         model: str | Callable[[RunResult], str] = "global") -> pd.DataFrame:
     """CAFF §4.4 for every finished run: the global model's class-specific F1 on the run's test set, weighted by the
     weak devices' class occurrence probabilities (``weak_f1``, :func:`subfl.metrics.fairness.weak_device_f1`) and,
     for contrast, by the strong devices' (``strong_f1``); ``macro_f1`` (unweighted mean over the classes present in
-    the test set) and ``accuracy`` of the same predictions. Diverged runs get NaN."""
+    the test set) and ``accuracy`` of the same predictions. Diverged runs get NaN. ``model``: which of the run's
+    evaluation models (:func:`final_models`) is scored — a key (default ``"global"``) or a function of the run
+    returning one."""
     import numpy as np
 
     from ..metrics.fairness import class_f1, confusion_matrix, model_predictions
@@ -502,7 +505,12 @@ def weak_device_f1_table(results: Iterable[RunResult], weak_groups: Sequence[str
             continue
         dataset, test, parts = prepare_data(config, data_root)  # once per run: model, test set and partition
         train_parts = client_splits(config, parts)[0]
-        preds, truth = model_predictions(_evaluation_models(result, dataset)["global"], test)
+        models = _evaluation_models(result, dataset)
+        key = model(result) if callable(model) else model
+        if key not in models:
+            raise ValueError(f"model={key!r} is not an evaluation model of run {config.label()}; accepted: "
+                             f"{', '.join(models)}")
+        preds, truth = model_predictions(models[key], test)
         f1 = class_f1(confusion_matrix(preds, truth, dataset.num_classes))
         present = np.bincount(truth, minlength=dataset.num_classes) > 0
         weak = _group_probabilities(config, dataset, train_parts, weak_groups)

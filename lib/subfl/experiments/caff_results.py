@@ -44,8 +44,35 @@ def plan_labels(plan: pd.DataFrame) -> list[str]:
     return labels
 
 
+WIDTH_METHODS = ("heterofl-ft", "fjord-ft", "fedrolex-ft")
+"""The width-slicing baselines: their devices train width-``s`` slices of the pretrained model, and each run also
+evaluates the leading slice of every width assigned (groups ``"0.5"``, ``"0.25"`` … of its accuracy)."""
+
+
+def evaluated_model(result: RunResult) -> str:
+    """Which of a run's evaluation models stands for its method in the tables: ``"global"``, except for a
+    width-slicing method (:data:`WIDTH_METHODS`) whose devices all train below full width — then the leading slice of
+    the largest width any device trained (``"0.5"``). Nobody trains the channels outside it: in the full-width model
+    they keep their pretrained values and meet head columns that were never trained, so it scores at chance or below
+    on a new classification head, while HeteroFL's server model is the largest client model in its paper. Choosing
+    the largest trained slice gives these baselines their best defensible evaluation."""
+    if result.config.method not in WIDTH_METHODS:
+        return "global"
+    h = result.history
+    widths = [float(g) for g in h[h.metric == "accuracy"].group.unique() if g != "global"]
+    if not widths or max(widths) >= 1.0:
+        return "global"
+    return f"{max(widths):g}"
+
+
 def _values(results: Sequence[RunResult], metric: str) -> pd.Series:
-    return pd.Series([r.final(metric) for r in results], dtype=float)
+    return pd.Series([r.final(metric, evaluated_model(r)) for r in results], dtype=float)
+
+
+def _evaluated(results: Sequence[RunResult]) -> str:
+    """The ``evaluated`` column: ``"global"`` or ``"width 0.5"`` (several values joined when the seeds differ)."""
+    keys = sorted({evaluated_model(r) for r in results})
+    return ", ".join(k if k == "global" else f"width {k}" for k in keys) if keys else "—"
 
 
 def _chose_planned(results: Sequence[RunResult], method: str, planned: Mapping[str, float]) -> bool | str:
@@ -58,14 +85,20 @@ def _chose_planned(results: Sequence[RunResult], method: str, planned: Mapping[s
                for g, v in planned.items())
 
 
+def _global_accuracy(results: Sequence[RunResult]) -> float:
+    """Mean final accuracy of the full-width ``"global"`` model (differs from ``accuracy`` only for width slicing)."""
+    return float(np.mean([r.final("accuracy") for r in results])) if results else float("nan")
+
+
 def table2_results(plan: pd.DataFrame, runs: Mapping[tuple[str, str], Sequence[RunResult]], *,
                    metrics: Sequence[str] = ("accuracy",), data_root: str | os.PathLike | None = None,
                    ) -> pd.DataFrame:
     """One row per row of a Table 2 plan (:func:`~subfl.experiments.catalog.caff_table2_plan`) with its runs
     ``runs[(constraint, method)]`` (one per seed; a missing key: nothing fits). Columns: ``constraint``,
-    ``method``, ``trains`` (:func:`plan_labels`), ``seeds``; for each of ``metrics`` the mean and the sample standard
-    deviation over the seeds of its final value (``<metric>`` / ``<metric> sd``); ``weak_f1``, ``strong_f1``,
-    ``macro_f1`` (and ``weak_f1 sd``) of the global model on the test set
+    ``method``, ``trains`` (:func:`plan_labels`), ``seeds``, ``evaluated`` (the model scored, :func:`evaluated_model`);
+    for each of ``metrics`` the mean and the sample standard deviation over the seeds of its final value
+    (``<metric>`` / ``<metric> sd``); ``global accuracy`` (the full-width model's); ``weak_f1``, ``strong_f1``,
+    ``macro_f1`` (and ``weak_f1 sd``) of the evaluated model on the test set
     (:func:`~subfl.experiments.analysis.weak_device_f1_table`, weak group ``"0.5"``, strong ``"1"``); and
     ``run chose the planned setting``."""
     from .analysis import weak_device_f1_table
@@ -73,12 +106,14 @@ def table2_results(plan: pd.DataFrame, runs: Mapping[tuple[str, str], Sequence[R
     rows = []
     for row, trains in zip(plan.itertuples(), plan_labels(plan)):
         results = list(runs.get((row.constraint, row.method), []))
-        f1 = weak_device_f1_table(results, data_root=data_root) if results else pd.DataFrame(
+        f1 = weak_device_f1_table(results, data_root=data_root, model=evaluated_model) if results else pd.DataFrame(
             columns=["weak_f1", "strong_f1", "macro_f1"], dtype=float)
-        entry = {"constraint": row.constraint, "method": row.method, "trains": trains, "seeds": len(results)}
+        entry = {"constraint": row.constraint, "method": row.method, "trains": trains, "seeds": len(results),
+                 "evaluated": _evaluated(results)}
         for metric in metrics:
             values = _values(results, metric)
             entry[metric], entry[f"{metric} sd"] = values.mean(), values.std()
+        entry["global accuracy"] = _global_accuracy(results)
         entry.update({"weak_f1": f1["weak_f1"].mean(), "weak_f1 sd": f1["weak_f1"].std(),
                       "strong_f1": f1["strong_f1"].mean(), "macro_f1": f1["macro_f1"].mean(),
                       "run chose the planned setting": _chose_planned(results, row.method,
@@ -90,16 +125,19 @@ def table2_results(plan: pd.DataFrame, runs: Mapping[tuple[str, str], Sequence[R
 def table1_results(plan: pd.DataFrame, runs: Mapping[tuple[str, float, str], Sequence[RunResult]], *,
                    metrics: Sequence[str] = ("accuracy",)) -> pd.DataFrame:
     """One row per row of a Table 1 plan (:func:`~subfl.experiments.catalog.caff_table1_plan`) with its runs
-    ``runs[(constraint, level, method)]``: ``constraint``, ``level``, ``method``, ``trains``, ``seeds``, the mean
-    (and sd) of every metric's final value, and ``run chose the planned setting`` (every device is in group ``"1"``)."""
+    ``runs[(constraint, level, method)]``: ``constraint``, ``level``, ``method``, ``trains``, ``seeds``,
+    ``evaluated`` (:func:`evaluated_model`), the mean (and sd) of every metric's final value for the evaluated model,
+    ``global accuracy`` (the full-width model's) and ``run chose the planned setting`` (every device is in group
+    ``"1"``)."""
     rows = []
     for row, trains in zip(plan.itertuples(), plan_labels(plan)):
         results = list(runs.get((row.constraint, row.level, row.method), []))
         entry = {"constraint": row.constraint, "level": row.level, "method": row.method, "trains": trains,
-                 "seeds": len(results)}
+                 "seeds": len(results), "evaluated": _evaluated(results)}
         for metric in metrics:
             values = _values(results, metric)
             entry[metric], entry[f"{metric} sd"] = values.mean(), values.std()
+        entry["global accuracy"] = _global_accuracy(results)
         entry["run chose the planned setting"] = _chose_planned(results, row.method, {"1": row.setting})
         rows.append(entry)
     return pd.DataFrame(rows)
@@ -179,5 +217,5 @@ def group_class_shares(config: ExperimentConfig, *, weak_groups: Sequence[str] =
                         index=pd.Index(list(dataset.class_names), name="class"))
 
 
-__all__ = ["METHOD_NAMES", "ROUND_METRIC", "caff_against_baselines", "group_class_shares", "plan_labels",
-           "table1_results", "table2_results"]
+__all__ = ["METHOD_NAMES", "ROUND_METRIC", "WIDTH_METHODS", "caff_against_baselines", "evaluated_model",
+           "group_class_shares", "plan_labels", "table1_results", "table2_results"]
