@@ -129,5 +129,5 @@ def test_group_class_shares_split_every_training_image_between_the_groups():
     # the weak group's probabilities are the weak-device F1's weights
     np.testing.assert_allclose(shares.weak_p, group_class_probabilities(config, ["0.5"], data_root()))
     np.testing.assert_allclose(shares.other_p, group_class_probabilities(config, ["1"], data_root()))
-    with pytest.raises(ValueError, match=r"weak_groups=\['0.2'\] names no client"):
+    with pytest.raises(ValueError, match=r"no client is in groups \['0.2'\]; the run's groups are"):
         caff_results.group_class_shares(config, weak_groups=("0.2",), data_root=data_root())

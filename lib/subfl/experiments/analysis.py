@@ -458,15 +458,22 @@ def final_models(result: RunResult, data_root: str | None = None) -> dict[str, t
     return _evaluation_models(result, prepare_data(result.config, data_root)[0])
 
 
-def _group_probabilities(config: ExperimentConfig, dataset, train_parts, groups: Sequence[str]) -> "np.ndarray":
-    from ..metrics.fairness import class_occurrence_probabilities
-
+def group_members(config: ExperimentConfig, groups: Sequence[str]) -> list[int]:
+    """The clients whose profile group (the engine's draw of round 1 for ``config.seed``) is in ``groups``;
+    ``ValueError`` naming the run's groups when there is none."""
     profiles = config.heterogeneity_setting.profiles(config.num_clients, config.seed, 1)
     wanted = {str(g) for g in groups}
     members = [p.client_id for p in profiles if p.group in wanted]
     if not members:
         raise ValueError(f"no client is in groups {sorted(wanted)}; the run's groups are "
                          f"{sorted({p.group for p in profiles})}")
+    return members
+
+
+def _group_probabilities(config: ExperimentConfig, dataset, train_parts, groups: Sequence[str]) -> "np.ndarray":
+    from ..metrics.fairness import class_occurrence_probabilities
+
+    members = group_members(config, groups)
     labels = dataset.train.labels
     return class_occurrence_probabilities([labels[train_parts[c]] for c in members], dataset.num_classes)
 
@@ -566,7 +573,7 @@ def bn_recalibrated_accuracy(result: RunResult, data_root: str | None = None, *,
     return {"accuracy": before, "recalibrated_accuracy": float((preds == truth).mean())}
 
 
-__all__ = ["IMAGE_SHAPES", "best_within_cost", "bn_recalibrated_accuracy", "recalibrate_batchnorm", "client_levels", "client_round_bytes", "finding_status", "finetuning_costs",
+__all__ = ["IMAGE_SHAPES", "best_within_cost", "group_members", "bn_recalibrated_accuracy", "recalibrate_batchnorm", "client_levels", "client_round_bytes", "finding_status", "finetuning_costs",
            "final_models", "finetuning_setting", "finetuning_table", "group_class_probabilities", "mean_std_labels", "ordering_check", "payload_by_level",
            "pretrained_zero_shot", "stage_seconds", "svd_refresh_seconds", "upload_savings",
            "weak_device_f1_table", "width_costs", "width_table"]

@@ -191,16 +191,12 @@ def group_class_shares(config: ExperimentConfig, *, weak_groups: Sequence[str] =
     ``weak_share`` — the fraction of the class's training samples held by weak devices — and ``weak_p`` /
     ``other_p``, each group's class occurrence probabilities (the weights of the weak-device F1). The groups are
     the engine's profile draw of round 1 for ``config.seed``; the partition is the run's."""
+    from .analysis import group_members
     from .runner import client_splits, prepare_data
 
     dataset, _, parts = prepare_data(config, data_root)
     train_parts = client_splits(config, parts)[0]
-    profiles = config.heterogeneity_setting.profiles(config.num_clients, config.seed, 1)
-    wanted = {str(g) for g in weak_groups}
-    weak = [p.client_id for p in profiles if p.group in wanted]
-    if not weak:
-        raise ValueError(f"weak_groups={sorted(wanted)} names no client; the run's groups are "
-                         f"{sorted({p.group for p in profiles})}")
+    weak = group_members(config, weak_groups)
     labels = np.asarray(dataset.train.labels)
     is_weak = np.zeros(len(train_parts), dtype=bool)
     is_weak[weak] = True
