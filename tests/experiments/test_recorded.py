@@ -1,0 +1,102 @@
+"""Recorded runs: the reader's tables on a hand-made file, the committed ResNet-18 file against the model, and the
+script that writes such files (ci sizes, CPU)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from subfl.experiments.recorded import load_recorded, recorded_path
+from subfl.models import build_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(method, rounds, planned, accuracies, *, complete, upload_bytes, seconds, diverged_at=None, exit_code=0):
+    history = [[r, "accuracy", a, "global"] for r, a in accuracies] + [[1, "train_loss", 2.0, "global"]]
+    return {"method": method, "lr": 0.01, "config": {"rounds": planned, "clients_per_round": 4},
+            "complete": complete, "rounds": rounds, "diverged_at": diverged_at, "upload_bytes": upload_bytes,
+            "seconds_per_round": seconds, "history": history, "exit_code": exit_code}
+
+
+@pytest.fixture
+def recorded(tmp_path):
+    runs = [_run("a", 10, 10, [(2, 0.2), (4, 0.3), (6, 0.35), (8, 0.4), (10, 0.5)], complete=True,
+                 upload_bytes=8_000_000, seconds={"configure": 0.5, "local_train": 10.0, "aggregate": 1.5}),
+            _run("b", 7, 10, [(2, 0.1), (4, 0.25), (6, 0.2)], complete=False, upload_bytes=2_800_000,
+                 seconds={"configure": 0.0, "local_train": 4.0, "aggregate": 1.0})]
+    path = tmp_path / "rec.json"
+    path.write_text(json.dumps({"accelerator": "test", "runs": runs}))
+    return load_recorded(path)
+
+
+def test_table_compares_at_the_last_round_every_run_recorded(recorded):
+    assert recorded.common_round() == 6
+    table = recorded.table().set_index("method")
+    assert table.loc["a", "accuracy at round 6"] == 0.35 and table.loc["b", "accuracy at round 6"] == 0.2
+    assert table.loc["a", "last accuracy"] == 0.5 and table.loc["b", "last recorded round"] == 6
+    assert table.loc["b", "best accuracy"] == 0.25
+    # 8e6 bytes over 10 rounds × 4 clients = 0.2 MB; 2.8e6 over 7 × 4 = 0.1 MB
+    assert table.loc["a", "upload (MB per client-round)"] == pytest.approx(0.2)
+    assert table.loc["b", "upload (MB per client-round)"] == pytest.approx(0.1)
+    assert table.loc["a", "status"] == "complete" and table.loc["b", "status"] == "stopped after round 7 of 10"
+
+
+def test_timings_give_the_server_share_of_local_training(recorded):
+    timings = recorded.timings()
+    assert timings.loc["a", "server / local training"] == pytest.approx(0.2)   # (0.5 + 1.5) / 10
+    assert timings.loc["b", "server / local training"] == pytest.approx(0.25)  # (0 + 1) / 4
+
+
+def test_status_of_diverged_and_failed_runs(tmp_path):
+    runs = [_run("d", 3, 10, [(2, 0.1)], complete=True, upload_bytes=1, seconds={}, diverged_at=3),
+            _run("f", 0, 10, [], complete=False, upload_bytes=None, seconds={}, exit_code=1)]
+    path = tmp_path / "rec.json"
+    path.write_text(json.dumps({"runs": runs}))
+    rec = load_recorded(path)
+    assert [r.status for r in rec.runs] == ["diverged in round 3", "failed"]
+    assert np.isnan(rec.table().set_index("method").loc["f", "upload (MB per client-round)"])
+
+
+def test_bad_files_name_what_is_missing(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no recorded results"):
+        load_recorded(tmp_path / "absent.json")
+    path = tmp_path / "rec.json"
+    path.write_text(json.dumps({"runs": [{"method": "a", "lr": 0.1}]}))
+    with pytest.raises(ValueError, match="run 0 lacks config, complete, rounds"):
+        load_recorded(path)
+    path.write_text(json.dumps({"accelerator": "x"}))
+    with pytest.raises(ValueError, match="'runs'"):
+        load_recorded(path)
+
+
+def test_committed_resnet18_file_matches_the_model():
+    rec = load_recorded(recorded_path("spectral_resnet18_h200.json"))
+    assert [r.method for r in rec.runs] == ["fedavg", "origdrop", "topn", "prism", "unbiased+cliplr",
+                                            "collective+cliplr"]
+    assert all(r.config["model"] == "resnet18" and r.config["width"] == 1.0 for r in rec.runs)
+    # FedAvg uploads ResNet-18's whole state every client-round: 11,173,962 parameters plus the BN buffers
+    state = build_model("resnet18", num_classes=10, input_shape=(3, 32, 32), width=1.0).state_dict()
+    state_mb = sum(t.numel() * t.element_size() for t in state.values()) / 1e6
+    upload = rec.table().set_index("method").loc["fedavg", "upload (MB per client-round)"]
+    assert upload == pytest.approx(state_mb, rel=1e-5)
+    # top-n trains the same 20 % of every decomposed layer's terms in every round
+    topn = rec.run("topn").history
+    assert topn[topn.metric == "covered_fraction"].value.between(0.19, 0.21).all()
+
+
+def test_script_writes_a_file_the_reader_loads(tmp_path):
+    out = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "spectral_resnet18.py"), "--out", str(out),
+                           "--device", "cpu", "--smoke", "--rounds", "1", "--minutes", "5", "--methods", "fedavg,topn"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rec = load_recorded(out)
+    assert [r.status for r in rec.runs] == ["complete", "complete"]
+    assert all(r.config["rounds"] == 1 and r.config["model"] == "resnet18" for r in rec.runs)
+    assert rec.common_round() == 1
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "spectral_resnet18.py"), "--out", str(out),
+                          "--methods", "nope"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--methods: nope not valid" in bad.stderr
