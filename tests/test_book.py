@@ -181,3 +181,54 @@ def test_an_acknowledged_change_refreshes_only_the_pages_stale_through_it(execut
     assert new == "0" * 16 and old == real_digest("experiments/presets.py")
     monkeypatch.undo()  # the file "changes back": the page is stale again until re-executed or acknowledged
     assert book.status("ci", root=executed_root)[0].state == "stale"
+
+
+def _edit_cells(path, change):
+    nb = json.loads(path.read_text())
+    change(nb["cells"])
+    path.write_text(json.dumps(nb))
+
+
+def test_a_prose_edit_is_carried_into_the_copy_without_re_execution(executed_root, monkeypatch):
+    source = executed_root / "notebooks" / "ch" / "a.ipynb"
+    copy = executed_root / "book" / "ch" / "a.ipynb"
+    outputs_before = [c.get("outputs") for c in json.loads(copy.read_text())["cells"] if c["cell_type"] == "code"]
+    _edit_cells(source, lambda cells: cells[0].update(source=["# t, corrected\n", "now two lines"]))
+    assert book.status("ci", root=executed_root)[0].reason == "notebook or its parameters changed"
+    with pytest.raises(ValueError, match="reason"):
+        book.update_prose("notebooks/ch/a.ipynb", "", scale="ci", root=executed_root)
+    assert book.update_prose("notebooks/ch/a.ipynb", "a wrong sentence", scale="ci", root=executed_root) == [0]
+    assert [r.state for r in book.status("ci", root=executed_root)] == ["fresh", "fresh"]
+    nb = json.loads(copy.read_text())
+    assert "".join(nb["cells"][0]["source"]) == "# t, corrected\nnow two lines"
+    assert [c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"] == outputs_before
+    record = nb["metadata"]["subfl"]["prose_updated"]
+    assert len(record) == 1 and record[0]["cells"] == [0] and record[0]["reason"] == "a wrong sentence"
+    assert book.update_prose("notebooks/ch/a.ipynb", "again", scale="ci", root=executed_root) == []  # nothing left
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda cells: cells[2].update(source=["rounds = 3"]), "beyond the text of its markdown"),
+    (lambda cells: cells.append({"cell_type": "markdown", "metadata": {}, "source": ["more"]}),
+     "beyond the text of its markdown"),
+    (lambda cells: cells[1].update(source=["scale = None\ndata_root = None\nextra = 1"]), "parameters"),
+])
+def test_a_prose_update_refuses_other_changes(executed_root, edit, message):
+    _edit_cells(executed_root / "notebooks" / "ch" / "a.ipynb", edit)
+    with pytest.raises(ValueError, match=message):
+        book.update_prose("notebooks/ch/a.ipynb", "text", scale="ci", root=executed_root)
+    assert book.status("ci", root=executed_root)[0].state == "stale"
+
+
+def test_a_prose_update_refuses_a_copy_stale_through_the_library(executed_root, monkeypatch):
+    real_digest = book._file_digest
+    monkeypatch.setattr(book, "_file_digest", lambda rel: "0" * 16 if rel == "experiments/presets.py" else real_digest(rel))
+    _edit_cells(executed_root / "notebooks" / "ch" / "a.ipynb", lambda cells: cells[0].update(source=["# new"]))
+    with pytest.raises(ValueError, match="stale for another reason"):
+        book.update_prose("notebooks/ch/a.ipynb", "text", scale="ci", root=executed_root)
+    copy = executed_root / "book" / "ch" / "a.ipynb"
+    _rewrite_meta(copy, lambda m: m.update(notebook_fingerprint="x"))  # a copy whose cells were edited by hand
+    with pytest.raises(ValueError, match="does not give back"):
+        book.update_prose("notebooks/ch/a.ipynb", "text", scale="ci", root=executed_root)
+    with pytest.raises(ValueError, match="not a notebook"):
+        book.update_prose("notebooks/ch/zzz.ipynb", "text", scale="ci", root=executed_root)

@@ -172,8 +172,17 @@ def _current_dependencies(recorded: dict[str, dict[str, str]]) -> dict[str, dict
 
 def page_fingerprint(source: Path, parameters: dict[str, Any], dependencies: dict[str, dict[str, str]]) -> str:
     """Hash of the notebook's cells and parameters, the library version, the data manifest and ``dependencies``."""
-    blob = _notebook_blob(source, parameters) + json.dumps(dependencies, sort_keys=True)
+    return _blob_fingerprint(_notebook_blob(source, parameters), dependencies)
+
+
+def _blob_fingerprint(notebook_blob: str, dependencies: dict[str, dict[str, str]]) -> str:
+    blob = notebook_blob + json.dumps(dependencies, sort_keys=True)
     return _digest(blob + subfl.__version__ + _data_manifest_hash())
+
+
+def _executed_cells(nb) -> list:
+    """The cells of an executed copy that came from its notebook (papermill's injected-parameters cell left out)."""
+    return [c for c in nb.cells if "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
 
 
 def _changed(recorded: dict[str, dict[str, str]], current: dict[str, dict[str, str]]) -> list[tuple[str, str]]:
@@ -283,6 +292,64 @@ def acknowledge_change(files: list[str] | tuple[str, ...], reason: str, scale: s
         nbformat.write(nb, dst)
         updated.append(src.relative_to(root).as_posix())
     return updated
+
+
+def update_prose(notebook: str | Path, reason: str, scale: str = "cpu", root: Path | None = None) -> list[int]:
+    """Carry edited text of ``notebook``'s markdown cells into its executed copy without re-executing it.
+
+    For a correction of a page's prose (a sentence made wrong by later work, say) where re-execution would
+    re-run hours of experiments. Allowed only when the copy is stale through its markdown alone: the copy's
+    cells must give back the notebook it was executed from (checked against its recorded
+    ``notebook_fingerprint``), the notebook now must have the same cells in the same order with the same code,
+    and the parameters, library files, registry entries, library version and data manifest must be unchanged.
+    Outputs are kept; the copy's metadata records each update (``prose_updated``: the cells, the reason, the
+    date). Returns the indices (in the notebook) of the markdown cells replaced; ValueError names what blocks it.
+    """
+    import nbformat
+
+    _check_scale(scale)
+    if not isinstance(reason, str) or not reason.strip():
+        raise ValueError("reason must say what the prose change corrects; got an empty reason")
+    root = project_root() if root is None else root
+    source = Path(notebook) if Path(notebook).is_absolute() else root / notebook
+    if not source.is_file():
+        raise ValueError(f"notebook={str(notebook)!r} is not a notebook of {root}")
+    dst = executed_path(source, root)
+    if not dst.exists():
+        raise ValueError(f"{source.name} has no executed copy ({dst}); execute it instead")
+    nb = nbformat.read(dst, as_version=4)
+    meta = nb.metadata.get("subfl", {})
+    if meta.get("scale") != scale or meta.get("dependencies") is None:
+        raise ValueError(f"the executed copy of {source.name} is not a {scale}-scale copy with recorded dependencies; "
+                         f"execute it instead")
+    parameters = {**default_parameters(source), "scale": scale}
+    if parameters != meta.get("parameters"):
+        raise ValueError(f"the parameters of {source.name} changed since it was executed; execute it instead")
+    executed = _executed_cells(nb)
+    old_blob = json.dumps({"cells": [(c.cell_type, c.source) for c in executed], "parameters": parameters},
+                          sort_keys=True, default=str)
+    if _digest(old_blob) != meta.get("notebook_fingerprint"):
+        raise ValueError(f"the executed copy of {source.name} does not give back the notebook it was executed from "
+                         f"(its cells were edited); execute it instead")
+    new_cells = json.loads(source.read_text())["cells"]
+    new = [(c["cell_type"], "".join(c["source"])) for c in new_cells]
+    if [t for t, _ in new] != [c.cell_type for c in executed] or \
+            [text for t, text in new if t != "markdown"] != [c.source for c in executed if c.cell_type != "markdown"]:
+        raise ValueError(f"{source.name} changed beyond the text of its markdown cells (cells added, removed, "
+                         f"reordered or code edited); execute it instead")
+    if meta.get("fingerprint") != _blob_fingerprint(old_blob, _current_dependencies(meta["dependencies"])):
+        raise ValueError(f"{source.name} is stale for another reason too (library code, registry entries, version "
+                         f"or data manifest); execute it instead")
+    changed = [i for i, ((t, text), cell) in enumerate(zip(new, executed)) if t == "markdown" and text != cell.source]
+    for i in changed:
+        executed[i].source = new[i][1]
+    meta.setdefault("prose_updated", []).append({
+        "cells": changed, "reason": reason.strip(),
+        "at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")})
+    meta["notebook_fingerprint"] = _digest(_notebook_blob(source, parameters))
+    meta["fingerprint"] = page_fingerprint(source, parameters, meta["dependencies"])
+    nbformat.write(nb, dst)
+    return changed
 
 
 def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None) -> Path:

@@ -71,6 +71,15 @@ def _cmd_book(args: argparse.Namespace) -> int:
         for notebook in book.acknowledge_change(args.acknowledge, args.reason, scale=args.scale):
             print(f"acknowledged {notebook}")
         return 0
+    if args.prose:
+        if not args.reason:
+            raise SystemExit("--prose needs --reason: what the text change corrects")
+        try:
+            cells = book.update_prose(args.prose, args.reason, scale=args.scale)
+        except ValueError as err:
+            raise SystemExit(str(err)) from None
+        print(f"{args.prose}: markdown cell(s) {cells} carried into the executed copy")
+        return 0
     if args.status:
         for row in book.status(scale=args.scale):
             print(f"{row.state:8s} {row.notebook}  ({row.reason})")
@@ -123,7 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     bk.add_argument("--acknowledge", nargs="+", metavar="FILE", default=None,
                     help="package files (e.g. fl/training.py) whose change cannot alter the executed pages: mark "
                          "the pages stale only through them fresh, recording --reason (book.acknowledge_change)")
-    bk.add_argument("--reason", default=None, help="with --acknowledge: how the change was shown not to alter them")
+    bk.add_argument("--prose", metavar="NOTEBOOK", default=None,
+                    help="a notebook whose markdown alone was edited: carry the text into its executed copy without "
+                         "re-executing it, recording --reason (book.update_prose)")
+    bk.add_argument("--reason", default=None, help="with --acknowledge: how the change was shown not to alter them; "
+                                                   "with --prose: what the text change corrects")
     bk.set_defaults(func=_cmd_book)
     ls = sub.add_parser("list", help="list methods, datasets, models, partitions and scales")
     ls.set_defaults(func=_cmd_list)
