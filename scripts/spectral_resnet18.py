@@ -24,9 +24,10 @@ from pathlib import Path
 
 import torch
 
-from subfl.experiments import run_experiment
+from subfl.experiments import RunResult, run_experiment
 from subfl.experiments.catalog import SPECTRAL_LOW_LR, spectral_config
 from subfl.fl.engine import CHECKPOINT_NAME
+from subfl.fl.ledger import Ledger
 
 METHODS = ("fedavg", "origdrop", "splitmix", "topn", "prism", "prism+wallenius+cliplr", "unbiased+cliplr",
            "collective+cliplr")
@@ -56,23 +57,22 @@ def collect(method: str, lr: float, device: str, smoke: bool, rounds: int | None
     config = row_config(method, lr, device, smoke, rounds)
     record = {"method": method, "lr": lr, "config": config.to_dict(), "wall_s": round(wall_s, 1)}
     if (out_dir / "summary.json").exists():
-        summary = json.loads((out_dir / "summary.json").read_text())
-        rows = [line.split(",", 3) for line in (out_dir / "history.csv").read_text().splitlines()[1:]]
-        history = [(int(r), m, float(v), g) for r, m, v, g in rows]
-        timings = [(int(r), st, float(sec)) for r, st, sec in
-                   (line.split(",")[:3] for line in (out_dir / "timings.csv").read_text().splitlines()[1:])]
+        result = RunResult(config, out_dir)
+        history = list(result.history[["round", "metric", "value", "group"]].itertuples(index=False, name=None))
+        timings = list(result.timings[["round", "stage", "seconds"]].itertuples(index=False, name=None))
+        summary = result.summary
         record.update(complete=True, rounds=summary["rounds"], diverged_at=summary["diverged_at_round"],
                       upload_bytes=summary["upload_bytes"], engine_wall_s=summary["wall_time_s"])
     elif (out_dir / CHECKPOINT_NAME).exists():
         saved = torch.load(out_dir / CHECKPOINT_NAME, map_location="cpu", weights_only=False)
         history, timings = saved["history"], saved["timings"]
         record.update(complete=False, rounds=saved["round"], diverged_at=saved["round"] if saved.get("diverged")
-                      else None, upload_bytes=int(sum(r[6] for r in saved["ledger"] if r[2] == "up")),
+                      else None, upload_bytes=Ledger(saved["ledger"]).total_bytes("up"),
                       engine_wall_s=saved["elapsed"])
     else:
         history, timings = [], []
         record.update(complete=False, rounds=0, diverged_at=None, upload_bytes=None, engine_wall_s=None)
-    record["history"] = [list(row) for row in history if row[1] in KEPT_METRICS]
+    record["history"] = [[int(r), m, float(v), g] for r, m, v, g in history if m in KEPT_METRICS]
     stages: dict[str, float] = {}
     for _, stage, seconds in timings:
         stages[stage] = stages.get(stage, 0.0) + seconds
@@ -110,15 +110,16 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--methods: {', '.join(unknown)} not valid; accepted: {', '.join(METHODS)}")
     root = Path(tempfile.mkdtemp(prefix="spectral-resnet18-"))
+    run_dirs = {m: root / m.replace("+", "_") for m in methods}
     started = time.time()
     procs = {}
     for method in methods:
-        cmd = [sys.executable, __file__, "--worker", method, str(root / method.replace("+", "_")),
+        cmd = [sys.executable, __file__, "--worker", method, str(run_dirs[method]),
                "--lr", str(args.lr), "--device", args.device] + (["--smoke"] if args.smoke else []) + \
             (["--rounds", str(args.rounds)] if args.rounds else []) + \
             (["--repacked-data", args.repacked_data] if args.repacked_data else [])
-        (root / method.replace("+", "_")).mkdir()
-        log = open(root / method.replace("+", "_") / "stderr.log", "w")
+        run_dirs[method].mkdir()
+        log = open(run_dirs[method] / "stderr.log", "w")
         procs[method] = (subprocess.Popen(cmd, stderr=log), time.time())
     deadline = started + 60 * args.minutes
     finished: dict[str, float] = {}
@@ -137,12 +138,11 @@ def main() -> None:
             finished[method] = time.time() - t0
             exit_codes[method] = None
             print(f"{method}: stopped at the time limit after {finished[method]:.0f} s", flush=True)
-    runs = [collect(m, args.lr, args.device, args.smoke, args.rounds, root / m.replace("+", "_"),
-                    finished[m]) for m in methods]
+    runs = [collect(m, args.lr, args.device, args.smoke, args.rounds, run_dirs[m], finished[m]) for m in methods]
     for r in runs:
         r["exit_code"] = exit_codes[r["method"]]
         if r["exit_code"]:
-            r["error"] = (root / r["method"].replace("+", "_") / "stderr.log").read_text()[-2000:]
+            r["error"] = (run_dirs[r["method"]] / "stderr.log").read_text()[-2000:]
             print(f"{r['method']} failed:\n{r['error']}", flush=True)
     accelerator = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
     out = {"script": "scripts/spectral_resnet18.py", "argv": sys.argv[1:], "device": args.device,

@@ -85,10 +85,17 @@ def _data_manifest_hash() -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else ""
 
 
-def _notebook_blob(source: Path, parameters: dict[str, Any]) -> str:
-    nb = json.loads(source.read_text())
-    cells = [(c["cell_type"], "".join(c["source"])) for c in nb["cells"]]
+def _notebook_cells(source: Path) -> list[tuple[str, str]]:
+    """``(cell type, text)`` of every cell of ``source``."""
+    return [(c["cell_type"], "".join(c["source"])) for c in json.loads(source.read_text())["cells"]]
+
+
+def _cells_blob(cells: list[tuple[str, str]], parameters: dict[str, Any]) -> str:
     return json.dumps({"cells": cells, "parameters": parameters}, sort_keys=True, default=str)
+
+
+def _notebook_blob(source: Path, parameters: dict[str, Any]) -> str:
+    return _cells_blob(_notebook_cells(source), parameters)
 
 
 def notebook_imports(source: Path) -> list[str]:
@@ -326,13 +333,11 @@ def update_prose(notebook: str | Path, reason: str, scale: str = "cpu", root: Pa
     if parameters != meta.get("parameters"):
         raise ValueError(f"the parameters of {source.name} changed since it was executed; execute it instead")
     executed = _executed_cells(nb)
-    old_blob = json.dumps({"cells": [(c.cell_type, c.source) for c in executed], "parameters": parameters},
-                          sort_keys=True, default=str)
+    old_blob = _cells_blob([(c.cell_type, c.source) for c in executed], parameters)
     if _digest(old_blob) != meta.get("notebook_fingerprint"):
         raise ValueError(f"the executed copy of {source.name} does not give back the notebook it was executed from "
                          f"(its cells were edited); execute it instead")
-    new_cells = json.loads(source.read_text())["cells"]
-    new = [(c["cell_type"], "".join(c["source"])) for c in new_cells]
+    new = _notebook_cells(source)
     if [t for t, _ in new] != [c.cell_type for c in executed] or \
             [text for t, text in new if t != "markdown"] != [c.source for c in executed if c.cell_type != "markdown"]:
         raise ValueError(f"{source.name} changed beyond the text of its markdown cells (cells added, removed, "
@@ -346,8 +351,9 @@ def update_prose(notebook: str | Path, reason: str, scale: str = "cpu", root: Pa
     meta.setdefault("prose_updated", []).append({
         "cells": changed, "reason": reason.strip(),
         "at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")})
-    meta["notebook_fingerprint"] = _digest(_notebook_blob(source, parameters))
-    meta["fingerprint"] = page_fingerprint(source, parameters, meta["dependencies"])
+    new_blob = _cells_blob(new, parameters)
+    meta["notebook_fingerprint"] = _digest(new_blob)
+    meta["fingerprint"] = _blob_fingerprint(new_blob, meta["dependencies"])
     nbformat.write(nb, dst)
     return changed
 
