@@ -518,15 +518,25 @@ class SpectralSharding(Method):
         return {"global": model}
 
     # ----- client side -------------------------------------------------------------------------------
+    def client_architecture(self, task: Task, ctx: ClientContext) -> nn.Module:
+        """The client's sub-model for ``task``, untrained: the model with each decomposed layer factorized
+        with as many terms as the task names for it."""
+        cfg = task.config
+        return factorize(_build(ctx.model_fn, cfg["norm"]), {name: len(idx) for name, idx in cfg["terms"].items()})
+
+    def client_model(self, task: Task, ctx: ClientContext) -> nn.Module:
+        """:meth:`client_architecture` with the task's tensors loaded and its ``ω`` set."""
+        model = self.client_architecture(task, ctx)
+        tensors = dict(task.tensors)
+        omegas = {name: tensors.pop(f"{name}.omega") for name in task.config["terms"]}
+        model.load_state_dict(tensors)
+        set_omega(model, omegas)
+        return model
+
     def local_update(self, task: Task, data: ClientDataset, ctx: ClientContext) -> Update:
         cfg = task.config
         terms: dict[str, list[int]] = cfg["terms"]
-        model = factorize(_build(ctx.model_fn, cfg["norm"]), {name: len(idx) for name, idx in terms.items()})
-        tensors = dict(task.tensors)
-        omegas = {name: tensors.pop(f"{name}.omega") for name in terms}
-        model.load_state_dict(tensors)
-        set_omega(model, omegas)
-        model = model.to(ctx.device)
+        model = self.client_model(task, ctx).to(ctx.device)
         before_step = clip_gradients(model, float(cfg["tau"])) if cfg.get("tau") else None
         beta = float(cfg.get("frobenius_reg") or 0.0)
         regulariser = frobenius_penalty(model, beta) if beta > 0 else None
