@@ -27,9 +27,8 @@ tensors autograd keeps for the backward pass of one training forward, measured w
 Analytic costs (:func:`analytic_costs`) apply the formulas above to the layer shapes, so the two columns check
 each other.
 
-PriSM's memory-efficient sub-model (Eq. 5, a client also trains only part of each layer's output channels) is
-not modelled here: the equation's text is not in this book's notes, and the released code expresses it with
-masks on full-size weights, which change neither the shapes nor the tensors autograd keeps.
+PriSM's memory-efficient sub-model (Eq. 5, a client also computes only the first output channels of each layer)
+is costed in :mod:`subfl.costs.constant_channels` (layers: :mod:`subfl.models.output_subset`).
 """
 from __future__ import annotations
 
