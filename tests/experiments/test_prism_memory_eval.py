@@ -1,0 +1,38 @@
+"""The leading-outputs diagnostic of PriSM's memory-efficient sub-model (subfl.experiments.prism_memory_eval)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from subfl.experiments import make_config, run_experiment
+from subfl.experiments.analysis import final_models
+from subfl.experiments.prism_memory_eval import leading_outputs_accuracy
+from subfl.experiments.runner import prepare_data
+from subfl.metrics.fairness import model_predictions
+
+
+def _run(method, tmp_path, **options):
+    cfg = make_config(method, "digits", "mlp", scale="ci", heterogeneity="0.2", clients_per_round=2,
+                      method_options=tuple(options.items()))
+    return run_experiment(cfg, tmp_path / method.replace("+", "_"), cache=False, progress=False)
+
+
+def test_leading_outputs_accuracy_zeroes_the_rows_the_clients_never_computed(tmp_path):
+    run = _run("prism+memory", tmp_path)
+    scores = leading_outputs_accuracy(run)
+    assert scores["output_keep"] == 0.2 and scores["accuracy"] == pytest.approx(run.final("accuracy"))
+    model = final_models(run)["global"]  # mlp 64 -> 200 -> 200 -> 10: layers.3 (200 x 200) is decomposed
+    with torch.no_grad():
+        model.layers[3].weight[40:] = 0.0  # keep_count(200, 0.2) = 40
+    preds, truth = model_predictions(model, prepare_data(run.config)[1])
+    assert scores["leading_outputs_accuracy"] == pytest.approx(float((preds == truth).mean()))
+    assert leading_outputs_accuracy(run, 1.0)["leading_outputs_accuracy"] == scores["accuracy"]
+
+
+def test_output_keep_is_required_or_validated(tmp_path):
+    run = _run("prism", tmp_path)
+    with pytest.raises(ValueError, match="output_keep is needed for a run of method 'prism'"):
+        leading_outputs_accuracy(run)
+    with pytest.raises(ValueError, match="output_keep=0"):
+        leading_outputs_accuracy(run, 0)
+    assert leading_outputs_accuracy(run, 0.5)["output_keep"] == 0.5
