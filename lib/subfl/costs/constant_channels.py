@@ -27,13 +27,13 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..models.factorized import layer_specs
+from ..models.factorized import decompose, layer_specs
 from ..models.output_subset import restrict_outputs
 from ..models.registry import build_model
 from ..sampling import keep_count
 from .flops import LossFn, _compute_loss
 from .memory import _storage_ptr, activation_memory_bytes
-from .submodels import MB, check_keep_ratio, spectral_submodel, submodel_costs
+from .submodels import MB, check_keep_ratio, spectral_submodel, submodel_costs, submodel_ranks
 
 COST_COLUMNS: tuple[str, ...] = ("model", "output_keep", "params", "params_ratio", "macs", "macs_ratio",
                                  "activations_mb", "constant_mb", "needed_mb", "needed_ratio")
@@ -128,11 +128,12 @@ def memory_efficient_cost_table(model: str = "resnet18", keep_ratio: float = 0.2
     dense = build_model(model, num_classes=num_classes, input_shape=tuple(input_shape), width=width, **kwargs)
     x = torch.randn(batch_size, *input_shape, generator=torch.Generator().manual_seed(seed))
     specs = layer_specs(dense)
+    factors = decompose(dense, list(submodel_ranks(dense, keep_ratio)))  # one SVD, shared by every sub-model
     variants: list[tuple[str, float | None, nn.Module]] = [("dense", None, dense),
                                                            (f"sub-model {keep_ratio:g}×", None,
-                                                            spectral_submodel(dense, keep_ratio))]
+                                                            spectral_submodel(dense, keep_ratio, factors=factors))]
     for q in output_keeps:
-        sub = restrict_outputs(spectral_submodel(dense, keep_ratio),
+        sub = restrict_outputs(spectral_submodel(dense, keep_ratio, factors=factors),
                                {name: keep_count(spec.out_features, q) for name, spec in specs.items()})
         variants.append((f"memory-efficient, q = {q:g}", q, sub))
     rows = []

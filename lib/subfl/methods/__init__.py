@@ -12,7 +12,7 @@ from .fedavg import FedAvg
 from .width import FedRolex, FjORD, HeteroFL
 from .origdrop import OrigDrop
 from .spectral import SPECTRAL_METHODS
-from .prism_memory import PRISM_MEMORY_METHODS
+from .prism_memory import MemoryEfficientPriSM
 from .flanc import FLANC
 from .fedp3 import FEDP3_METHODS
 from .fedp3_blocks import FedP3BlockAblation
@@ -30,7 +30,7 @@ METHODS: dict[str, type[Method]] = {
     OrigDrop.name: OrigDrop,  # PriSM's original-space baseline (methods/origdrop.py)
     SplitMix.name: SplitMix,  # PriSM's ensemble baseline (methods/splitmix.py)
     **SPECTRAL_METHODS,  # spectral, topn, prism, prism+scaled, unbiased, collective, ... (methods/spectral.py)
-    **PRISM_MEMORY_METHODS,  # prism+memory: PriSM's memory-efficient sub-model (methods/prism_memory.py)
+    MemoryEfficientPriSM.name: MemoryEfficientPriSM,  # prism+memory: PriSM's Eq. 5 (methods/prism_memory.py)
     FLANC.name: FLANC,
     **FEDP3_METHODS,  # fedp3, lowerb, opu2, opu3, opu123, opu23 (methods/fedp3.py)
     FedP3BlockAblation.name: FedP3BlockAblation,  # FedP3's ResNet-18 block ablation (methods/fedp3_blocks.py)

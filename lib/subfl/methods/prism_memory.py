@@ -44,7 +44,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..fl.training import ClientDataset
 from ..fl.types import ClientProfile, Task, Update
 from ..models.factorized import LayerSpec
 from ..models.output_subset import restrict_outputs
@@ -90,10 +89,6 @@ class MemoryEfficientPriSM(SpectralSharding):
     def client_architecture(self, task: Task, ctx: ClientContext) -> nn.Module:
         return restrict_outputs(super().client_architecture(task, ctx), task.config["outputs"])
 
-    def local_update(self, task: Task, data: ClientDataset, ctx: ClientContext) -> Update:
-        update = super().local_update(task, data, ctx)
-        return replace(update, stats={**update.stats, "outputs": task.config["outputs"]})
-
     def aggregate(self, state: ServerState, round: int, updates: Sequence[Update],
                   ctx: ServerContext) -> ServerState:
         """Put the rows each client did not hold back under its ``u`` (from the server's refreshed ``U'``), then
@@ -101,12 +96,12 @@ class MemoryEfficientPriSM(SpectralSharding):
         specs: dict[str, LayerSpec] = state["specs"]
         completed = []
         for upd in updates:
-            if "outputs" not in upd.stats or "terms" not in upd.stats:
-                raise ValueError(f"update of client {upd.client_id} lacks stats['outputs'] / stats['terms']; "
-                                 f"{self.name} updates carry the rows and terms each layer trained")
+            if "keep_ratio" not in upd.stats or "terms" not in upd.stats:
+                raise ValueError(f"update of client {upd.client_id} lacks stats['keep_ratio'] / stats['terms']; "
+                                 f"{self.name} updates carry the keep ratio and the terms each layer trained")
             tensors = dict(upd.tensors)
             for name, spec in specs.items():
-                count = int(upd.stats["outputs"][name])
+                count = self.output_count(spec, float(upd.stats["keep_ratio"]))
                 u_client = tensors[f"{name}.u"]
                 idx = torch.as_tensor(upd.stats["terms"][name], dtype=torch.int64)
                 if u_client.shape != (count, idx.numel()):
@@ -119,7 +114,4 @@ class MemoryEfficientPriSM(SpectralSharding):
         return super().aggregate(state, round, completed, ctx)
 
 
-PRISM_MEMORY_METHODS: dict[str, type[SpectralSharding]] = {MemoryEfficientPriSM.name: MemoryEfficientPriSM}
-"""Method name → class for the methods of this module."""
-
-__all__ = ["MemoryEfficientPriSM", "PRISM_MEMORY_METHODS"]
+__all__ = ["MemoryEfficientPriSM"]
