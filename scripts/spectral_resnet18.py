@@ -34,27 +34,28 @@ METHODS = ("fedavg", "origdrop", "splitmix", "topn", "prism", "prism+wallenius+c
 KEPT_METRICS = ("accuracy", "train_loss", "diverged", "covered_fraction", "anme")
 
 
-def row_config(method: str, lr: float, device: str, smoke: bool, rounds: int | None = None):
+def row_config(method: str, lr: float, device: str, smoke: bool, rounds: int | None = None, seed: int = 0):
     """One row: the spectral training table's keep-ratio-0.2 run of ``method`` with ResNet-18 at full width
-    (``rounds`` replaces the table's 40 rounds; the cosine schedule spans the rounds run)."""
-    config = spectral_config(method, "r0.2", scale="ci" if smoke else "cpu", lr=lr)
+    (``rounds`` replaces the table's 40 rounds; the cosine schedule spans the rounds run; ``seed`` as in the
+    table's seeds: data split, initialisation and sampling)."""
+    config = spectral_config(method, "r0.2", scale="ci" if smoke else "cpu", lr=lr, seed=seed)
     config = config.replace(model="resnet18", width=0.25 if smoke else 1.0, device=device)
     return config if rounds is None else config.replace(rounds=rounds)
 
 
-def worker(method: str, lr: float, device: str, smoke: bool, rounds: int | None, out_dir: str,
+def worker(method: str, lr: float, device: str, smoke: bool, rounds: int | None, seed: int, out_dir: str,
            repacked: bool) -> None:
     torch.set_num_threads(2)
     if repacked:  # the files were re-written to travel: same arrays, other bytes, so the manifest's sha256 differs
         from subfl.data import datasets
         datasets.verify_file = lambda path, entry: None
-    run_experiment(row_config(method, lr, device, smoke, rounds), out_dir, cache=False, progress=False)
+    run_experiment(row_config(method, lr, device, smoke, rounds, seed), out_dir, cache=False, progress=False)
 
 
-def collect(method: str, lr: float, device: str, smoke: bool, rounds: int | None, out_dir: Path,
+def collect(method: str, lr: float, device: str, smoke: bool, rounds: int | None, seed: int, out_dir: Path,
             wall_s: float) -> dict:
     """The run's record: from its summary if it finished, else from its last checkpoint."""
-    config = row_config(method, lr, device, smoke, rounds)
+    config = row_config(method, lr, device, smoke, rounds, seed)
     record = {"method": method, "lr": lr, "config": config.to_dict(), "wall_s": round(wall_s, 1)}
     if (out_dir / "summary.json").exists():
         result = RunResult(config, out_dir)
@@ -88,6 +89,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=SPECTRAL_LOW_LR, help="learning rate of every row (default: the "
                         "spectral tables' lower rate, at which no strategy diverged on the CNN)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds of every row (default: the table's 40)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every row (default 0)")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--repacked-data", default="", metavar="NOTE",
                         help="the data files are a re-written copy (their checksums differ from the manifest's): "
@@ -98,9 +100,11 @@ def main() -> None:
     if args.minutes <= 0:
         raise SystemExit(f"--minutes must be > 0, got {args.minutes}")
     if args.worker:
-        worker(args.worker[0], args.lr, args.device, args.smoke, args.rounds, args.worker[1],
+        worker(args.worker[0], args.lr, args.device, args.smoke, args.rounds, args.seed, args.worker[1],
                bool(args.repacked_data))
         return
+    if args.seed < 0:
+        raise SystemExit(f"--seed must be >= 0, got {args.seed}")
     if args.rounds is not None and args.rounds < 1:
         raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
     if not args.out:
@@ -115,8 +119,8 @@ def main() -> None:
     procs = {}
     for method in methods:
         cmd = [sys.executable, __file__, "--worker", method, str(run_dirs[method]),
-               "--lr", str(args.lr), "--device", args.device] + (["--smoke"] if args.smoke else []) + \
-            (["--rounds", str(args.rounds)] if args.rounds else []) + \
+               "--lr", str(args.lr), "--device", args.device, "--seed", str(args.seed)] + \
+            (["--smoke"] if args.smoke else []) + (["--rounds", str(args.rounds)] if args.rounds else []) + \
             (["--repacked-data", args.repacked_data] if args.repacked_data else [])
         run_dirs[method].mkdir()
         log = open(run_dirs[method] / "stderr.log", "w")
@@ -138,7 +142,8 @@ def main() -> None:
             finished[method] = time.time() - t0
             exit_codes[method] = None
             print(f"{method}: stopped at the time limit after {finished[method]:.0f} s", flush=True)
-    runs = [collect(m, args.lr, args.device, args.smoke, args.rounds, run_dirs[m], finished[m]) for m in methods]
+    runs = [collect(m, args.lr, args.device, args.smoke, args.rounds, args.seed, run_dirs[m], finished[m])
+            for m in methods]
     for r in runs:
         r["exit_code"] = exit_codes[r["method"]]
         if r["exit_code"]:
@@ -147,8 +152,9 @@ def main() -> None:
     accelerator = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
     out = {"script": "scripts/spectral_resnet18.py", "argv": sys.argv[1:], "device": args.device,
            "accelerator": accelerator, "torch": torch.__version__, "python": platform.python_version(),
-           "time_limit_min": args.minutes,
-           "data": args.repacked_data or "the data root's files, checksums verified", "date": time.strftime("%Y-%m-%d", time.gmtime(started)), "runs": runs}
+           "time_limit_min": args.minutes, "seed": args.seed,
+           "data": args.repacked_data or "the data root's files, checksums verified",
+           "date": time.strftime("%Y-%m-%d", time.gmtime(started)), "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     for r in runs:

@@ -8,15 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from subfl.experiments.recorded import load_recorded, recorded_path
+from subfl.experiments.recorded import load_recorded, recorded_path, seed_table
 from subfl.models import build_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(method, rounds, planned, accuracies, *, complete, upload_bytes, seconds, diverged_at=None, exit_code=0):
+def _run(method, rounds, planned, accuracies, *, complete, upload_bytes, seconds, diverged_at=None, exit_code=0,
+         seed=0):
     history = [[r, "accuracy", a, "global"] for r, a in accuracies] + [[1, "train_loss", 2.0, "global"]]
-    return {"method": method, "lr": 0.01, "config": {"rounds": planned, "clients_per_round": 4},
+    return {"method": method, "lr": 0.01, "config": {"rounds": planned, "clients_per_round": 4, "seed": seed},
             "complete": complete, "rounds": rounds, "diverged_at": diverged_at, "upload_bytes": upload_bytes,
             "seconds_per_round": seconds, "history": history, "exit_code": exit_code}
 
@@ -72,6 +73,51 @@ def test_bad_files_name_what_is_missing(tmp_path):
         load_recorded(path)
 
 
+def _write(path, runs):
+    path.write_text(json.dumps({"runs": runs}))
+    return load_recorded(path)
+
+
+def test_seed_table_compares_every_seed_at_the_round_all_recorded(recorded, tmp_path):
+    seed1 = _write(tmp_path / "s1.json", [
+        _run("b", 8, 10, [(2, 0.15), (4, 0.3), (6, 0.3), (8, 0.31)], complete=False, upload_bytes=1, seconds={},
+             seed=1),
+        _run("a", 4, 10, [(2, 0.25), (4, 0.45)], complete=False, upload_bytes=1, seconds={}, seed=1)])
+    table = seed_table([recorded, seed1]).set_index("method")
+    assert list(table.index) == ["a", "b"]          # the first file's order
+    assert (table["round"] == 4).all()              # seed 1's run of a stopped after round 4
+    assert table.loc["a", "seed 0"] == 0.3 and table.loc["a", "seed 1"] == 0.45
+    assert table.loc["a", "mean"] == pytest.approx(0.375)
+    assert table.loc["a", "sd"] == pytest.approx(np.std([0.3, 0.45], ddof=1))   # 0.1061
+    assert table.loc["b", "mean"] == pytest.approx(0.275) and (table["seeds"] == 2).all()
+    one = seed_table([recorded]).set_index("method")
+    assert one.loc["a", "round"] == 6 and np.isnan(one.loc["a", "sd"])
+
+
+def test_seed_table_refuses_mismatched_files(recorded, tmp_path):
+    with pytest.raises(ValueError, match="at least one"):
+        seed_table([])
+    other = _write(tmp_path / "o.json", [_run("a", 2, 10, [(2, 0.2)], complete=False, upload_bytes=1, seconds={})])
+    with pytest.raises(ValueError, match="same rows"):
+        seed_table([recorded, other])
+    same_seed = _write(tmp_path / "s.json", [_run(m, 2, 10, [(2, 0.2)], complete=False, upload_bytes=1, seconds={})
+                                             for m in ("a", "b")])
+    with pytest.raises(ValueError, match="two runs of seed 0"):
+        seed_table([recorded, same_seed])
+    late = _write(tmp_path / "l.json", [_run(m, 12, 12, [(12, 0.2)], complete=True, upload_bytes=1, seconds={},
+                                             seed=3) for m in ("a", "b")])
+    with pytest.raises(ValueError, match="no round"):
+        seed_table([recorded, late])
+
+
+def test_committed_seed_files_hold_the_same_rows_with_seeds_0_and_1():
+    files = [load_recorded(recorded_path(n)) for n in ("spectral_resnet18_h200.json",
+                                                       "spectral_resnet18_seed1_h100.json")]
+    assert [f.seeds for f in files] == [[0], [1]]
+    table = seed_table(files)
+    assert table["round"].iloc[0] == 22 and (table["seeds"] == 2).all()
+
+
 def test_committed_resnet18_file_matches_the_model():
     rec = load_recorded(recorded_path("spectral_resnet18_h200.json"))
     assert [r.method for r in rec.runs] == ["fedavg", "origdrop", "topn", "prism", "unbiased+cliplr",
@@ -90,12 +136,15 @@ def test_committed_resnet18_file_matches_the_model():
 def test_script_writes_a_file_the_reader_loads(tmp_path):
     out = tmp_path / "rows.json"
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "spectral_resnet18.py"), "--out", str(out),
-                           "--device", "cpu", "--smoke", "--rounds", "1", "--minutes", "5", "--methods", "fedavg,topn"],
+                           "--device", "cpu", "--smoke", "--rounds", "1", "--minutes", "5", "--methods", "fedavg,topn",
+                           "--seed", "1"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rec = load_recorded(out)
     assert [r.status for r in rec.runs] == ["complete", "complete"]
-    assert all(r.config["rounds"] == 1 and r.config["model"] == "resnet18" for r in rec.runs)
+    assert all(r.config["rounds"] == 1 and r.config["model"] == "resnet18" and r.config["seed"] == 1
+               for r in rec.runs)
+    assert rec.meta["seed"] == 1
     assert rec.common_round() == 1
     bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "spectral_resnet18.py"), "--out", str(out),
                           "--methods", "nope"], capture_output=True, text=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -84,6 +84,11 @@ class RecordedRuns:
                 return r
         raise KeyError(f"method={method!r} is not in this file; recorded: {', '.join(r.method for r in self.runs)}")
 
+    @property
+    def seeds(self) -> list[int]:
+        """The distinct seeds of the runs' configurations (0 where a configuration names none)."""
+        return sorted({int(r.config.get("seed", 0)) for r in self.runs})
+
     def common_round(self, metric: str = "accuracy", group: str = "global") -> int | None:
         """The last round at which every run recorded ``metric`` (None if there is none): the round at which runs
         that stopped at different rounds can be compared."""
@@ -126,6 +131,44 @@ class RecordedRuns:
         return table.rename_axis("method")
 
 
+def seed_table(recorded: Sequence[RecordedRuns], metric: str = "accuracy", group: str = "global") -> pd.DataFrame:
+    """The same rows recorded with different seeds (one file per seed, e.g. by one script call each), compared at
+    one round: the last round at which every run of every file recorded ``metric``.
+
+    One row per method (in the first file's order): ``round``, one column ``seed s`` per seed (from each run's
+    configuration), ``mean``, ``sd`` (sample standard deviation; NaN with one seed) and ``seeds``. ValueError when
+    the files do not hold the same methods, when a method has two runs of one seed, or when no round is shared.
+    """
+    if not recorded:
+        raise ValueError("recorded must hold at least one RecordedRuns (one file per seed)")
+    methods = [r.method for r in recorded[0].runs]
+    for i, rec in enumerate(recorded[1:], start=1):
+        if sorted(r.method for r in rec.runs) != sorted(methods):
+            raise ValueError(f"recorded[{i}] holds methods {sorted(r.method for r in rec.runs)}, recorded[0] "
+                             f"holds {sorted(methods)}: every file must hold the same rows")
+    rounds = [set(r.curve(metric, group).index) for rec in recorded for r in rec.runs]
+    shared = set.intersection(*rounds) if rounds else set()
+    if not shared:
+        raise ValueError(f"no round at which every run recorded {metric!r} of group {group!r}")
+    common = int(max(shared))
+    rows = []
+    for method in methods:
+        values: dict[int, float] = {}
+        for rec in recorded:
+            for r in rec.runs:
+                if r.method != method:
+                    continue
+                seed = int(r.config.get("seed", 0))
+                if seed in values:
+                    raise ValueError(f"method {method!r} has two runs of seed {seed}: one run per seed is accepted")
+                values[seed] = r.value_at(common, metric, group)
+        vals = np.array([values[s] for s in sorted(values)])
+        rows.append({"method": method, "round": common, **{f"seed {s}": values[s] for s in sorted(values)},
+                     "mean": float(vals.mean()), "sd": float(vals.std(ddof=1)) if len(vals) > 1 else np.nan,
+                     "seeds": len(vals)})
+    return pd.DataFrame(rows)
+
+
 def recorded_path(name: str) -> Path:
     """``results/<name>`` of the checkout (FileNotFoundError when the package runs outside a checkout)."""
     root = repo_root()
@@ -156,4 +199,4 @@ def load_recorded(path: str | Path) -> RecordedRuns:
     return RecordedRuns({k: v for k, v in data.items() if k != "runs"}, runs)
 
 
-__all__ = ["RESULTS_DIR", "RecordedRun", "RecordedRuns", "load_recorded", "recorded_path"]
+__all__ = ["RESULTS_DIR", "RecordedRun", "RecordedRuns", "load_recorded", "recorded_path", "seed_table"]
