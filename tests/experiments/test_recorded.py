@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from subfl.experiments.recorded import load_recorded, recorded_path, seed_table
+from subfl.experiments.recorded import load_recorded, load_stage_benchmark, recorded_path, seed_table
 from subfl.models import build_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -149,3 +149,29 @@ def test_script_writes_a_file_the_reader_loads(tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "spectral_resnet18.py"), "--out", str(out),
                           "--methods", "nope"], capture_output=True, text=True)
     assert bad.returncode != 0 and "--methods: nope not valid" in bad.stderr
+
+
+def test_stage_benchmark_gives_the_server_share(tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"args": {"clients": 10, "device": "cuda"}, "accelerator": "gpu", "cpu_threads": 4,
+                                "results": [{"strategy": "prism", "seconds_per_round": {
+                                    "configure": 0.1, "aggregate": 0.9, "local_train": 5.0, "evaluate": 0.2}}]}))
+    row = load_stage_benchmark(path).iloc[0]
+    assert row["server_share"] == pytest.approx(0.2)               # (0.1 + 0.9) / 5
+    assert row["local_per_client"] == pytest.approx(0.5)           # 5 s over 10 clients
+    assert row["server_share_per_client"] == pytest.approx(2.0)
+    assert row["cpu_threads"] == 4 and row["device"] == "cuda"
+    path.write_text(json.dumps({"args": {}, "results": []}))
+    with pytest.raises(ValueError, match="accelerator, cpu_threads"):
+        load_stage_benchmark(path)
+    with pytest.raises(FileNotFoundError, match="no benchmark results"):
+        load_stage_benchmark(tmp_path / "absent.json")
+
+
+def test_committed_runtime_files_time_resnet18_at_full_width():
+    for name, threads in (("prism_runtime_resnet18_h200_16threads.json", 16),
+                          ("prism_runtime_resnet18_h200_2threads.json", 2)):
+        table = load_stage_benchmark(recorded_path(name))
+        assert (table["cpu_threads"] == threads).all() and "prism" in set(table["strategy"])
+        data = json.loads(recorded_path(name).read_text())
+        assert data["args"]["width"] == 1.0 and data["args"]["device"] == "cuda"

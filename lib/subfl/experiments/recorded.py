@@ -169,6 +169,32 @@ def seed_table(recorded: Sequence[RecordedRuns], metric: str = "accuracy", group
     return pd.DataFrame(rows)
 
 
+def load_stage_benchmark(path: str | Path) -> pd.DataFrame:
+    """A file written by ``benchmarks/bench_spectral_server.py --out``: one row per strategy with the machine
+    (``accelerator``, ``device``, ``cpu_threads``), the mean seconds per round of every engine stage, one client's
+    share of local training (``local_per_client``), and the server's share (configure + aggregate) of the round's
+    summed local training (``server_share``) and of one client's (``server_share_per_client``), as
+    :func:`subfl.experiments.analysis.stage_seconds` gives them for runs of this machine."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no benchmark results at {str(path)!r}")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    missing = [k for k in ("args", "accelerator", "cpu_threads", "results") if k not in data]
+    if missing:
+        raise ValueError(f"{path.name}: a stage benchmark file needs {', '.join(missing)}")
+    rows = []
+    for r in data["results"]:
+        stages = {stage: float(r["seconds_per_round"].get(stage, 0.0))
+                  for stage in ("configure", "aggregate", "local_train", "evaluate")}
+        per_client = stages["local_train"] / int(data["args"]["clients"])
+        server = stages["configure"] + stages["aggregate"]
+        rows.append({"strategy": r["strategy"], "accelerator": data["accelerator"],
+                     "device": data["args"]["device"], "cpu_threads": int(data["cpu_threads"]), **stages,
+                     "local_per_client": per_client, "server_share": server / stages["local_train"],
+                     "server_share_per_client": server / per_client})
+    return pd.DataFrame(rows)
+
+
 def recorded_path(name: str) -> Path:
     """``results/<name>`` of the checkout (FileNotFoundError when the package runs outside a checkout)."""
     root = repo_root()
@@ -199,4 +225,5 @@ def load_recorded(path: str | Path) -> RecordedRuns:
     return RecordedRuns({k: v for k, v in data.items() if k != "runs"}, runs)
 
 
-__all__ = ["RESULTS_DIR", "RecordedRun", "RecordedRuns", "load_recorded", "recorded_path", "seed_table"]
+__all__ = ["RESULTS_DIR", "RecordedRun", "RecordedRuns", "load_recorded", "load_stage_benchmark", "recorded_path",
+           "seed_table"]
