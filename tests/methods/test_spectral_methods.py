@@ -176,7 +176,7 @@ def test_clip_gradients_scales_by_min_one_tau_over_omega():
 
 def test_options_are_validated():
     for bad in [dict(sampler="poisson"), dict(kappa=-1), dict(tau=0), dict(frobenius_reg=-0.1), dict(sbn="yes"),
-                dict(strategy="top-k"), dict(schatten_p=1)]:
+                dict(strategy="top-k"), dict(schatten_p=1), dict(svd_solver="qr")]:
         with pytest.raises(ValueError, match=next(iter(bad))):
             make_method("spectral", **bad)
     with pytest.raises(ValueError, match="fixes strategy"):
@@ -324,6 +324,19 @@ def test_nosharding_is_close_to_fedavg(tmp_path):
     nosh = _run("nosharding", tmp_path, "n", rounds=4).final()
     fedavg = _run("fedavg", tmp_path, "f", rounds=4).final()
     assert fedavg > 0.7 and abs(nosh - fedavg) < 0.1
+
+
+@pytest.mark.parametrize("method", ["prism", "unbiased+cliplr"])
+def test_gram_refresh_trains_the_same_model_as_the_exact_svd(method, tmp_path):
+    """Option svd_solver='gram' changes only how the refresh decomposes W (signs of terms, float rounding), so two
+    rounds from the same seed end at the same weights to rounding and score the same accuracy."""
+    kw = dict(heterogeneity="0.2:0.5,0.4:0.5", rounds=2)
+    exact = _run(method, tmp_path, "exact", **kw)
+    gram = _run(method, tmp_path, "gram", method_options={"svd_solver": "gram"}, **kw)
+    assert abs(gram.final() - exact.final()) <= 0.01
+    a, b = exact.state()["weights"], gram.state()["weights"]
+    worst = max((a[k].double() - b[k].double()).abs().max().item() for k in a if a[k].is_floating_point())
+    assert worst < 1e-5
 
 
 def test_resumed_run_equals_uninterrupted_run(tmp_path):

@@ -175,21 +175,25 @@ def stage_seconds(results: Iterable[RunResult], by: Sequence[str] = ("method",))
                   "server_share_per_client", "torch_threads"]]
 
 
-def svd_refresh_seconds(model: torch.nn.Module, repeats: int = 3) -> pd.DataFrame:
-    """Wall-clock seconds of the spectral methods' orthogonal-space refresh — the thin float64 SVD
-    (:func:`~subfl.models.factorized.svd_factors`) — of every decomposed layer of ``model``: the median of
-    ``repeats`` calls per layer, with the layer's ``(n, m)`` matrix shape. A measurement for the runtime page,
-    not a benchmark (use ``benchmarks/bench_spectral_server.py`` for that)."""
-    from ..models.factorized import layer_specs, svd_factors
+def svd_refresh_seconds(model: torch.nn.Module, repeats: int = 3, solver: str = "exact") -> pd.DataFrame:
+    """Wall-clock seconds of the spectral methods' orthogonal-space refresh of every decomposed layer of ``model``
+    by ``solver`` (:data:`~subfl.models.spectral_refresh.SVD_SOLVERS`: ``"exact"``, the thin float64 SVD of
+    :func:`~subfl.models.factorized.svd_factors`; ``"gram"``, the Gram-matrix eigendecomposition): the median of
+    ``repeats`` calls per layer, with the layer's ``(n, m)`` matrix shape. A measurement for the runtime pages,
+    not a benchmark (use ``benchmarks/bench_spectral_server.py`` / ``bench_svd_refresh.py`` for that)."""
+    from ..models.factorized import layer_specs
+    from ..models.spectral_refresh import SVD_SOLVERS, solver_factors
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    if solver not in SVD_SOLVERS:
+        raise ValueError(f"solver={solver!r} is not valid; accepted: {', '.join(SVD_SOLVERS)}")
     rows = []
     for name, spec in layer_specs(model).items():
         matrix = model.get_submodule(name).weight.detach().reshape(spec.out_features, spec.in_features)
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
-            svd_factors(matrix)
+            solver_factors(matrix, solver)
             times.append(time.perf_counter() - start)
         rows.append({"layer": name, "shape": f"{spec.out_features} × {spec.in_features}",
                      "seconds": statistics.median(times)})
