@@ -194,10 +194,10 @@ def test_svd_refresh_seconds_lists_every_decomposed_layer():
     assert (table.seconds > 0).all()
     with pytest.raises(ValueError, match="repeats"):
         svd_refresh_seconds(model, repeats=0)
-    gram = svd_refresh_seconds(model, repeats=1, solver="gram")
+    gram = svd_refresh_seconds(model, repeats=1, svd_solver="gram")
     assert list(gram.layer) == ["conv2", "fc1"] and (gram.seconds > 0).all()
-    with pytest.raises(ValueError, match="solver='qr' is not valid; accepted: exact, gram"):
-        svd_refresh_seconds(model, solver="qr")
+    with pytest.raises(ValueError, match="svd_solver='qr' is not valid; accepted: exact, gram"):
+        svd_refresh_seconds(model, svd_solver="qr")
 
 
 def test_ordering_check_marks_a_diverged_run():

@@ -167,33 +167,42 @@ def stage_seconds(results: Iterable[RunResult], by: Sequence[str] = ("method",))
     for stage in ("configure", "aggregate", "evaluate"):
         if stage not in table:
             table[stage] = 0.0
-    table["local_per_client"] = table["local_train"] / table["clients_per_round"]
-    server = table["configure"] + table["aggregate"]
-    table["server_share"] = server / table["local_train"]
-    table["server_share_per_client"] = server / table["local_per_client"]
+    table = with_server_shares(table)
     return table[[*by, "configure", "aggregate", "local_train", "local_per_client", "evaluate", "server_share",
                   "server_share_per_client", "torch_threads"]]
 
 
-def svd_refresh_seconds(model: torch.nn.Module, repeats: int = 3, solver: str = "exact") -> pd.DataFrame:
+def with_server_shares(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (seconds per round in columns ``configure``, ``aggregate``, ``local_train`` and the
+    ``clients_per_round``) with ``local_per_client`` = local_train / clients_per_round, ``server_share`` =
+    (configure + aggregate) / local_train and ``server_share_per_client`` = the same against one client's
+    training (clients training in parallel, as in a deployment)."""
+    table = table.copy()
+    table["local_per_client"] = table["local_train"] / table["clients_per_round"]
+    server = table["configure"] + table["aggregate"]
+    table["server_share"] = server / table["local_train"]
+    table["server_share_per_client"] = server / table["local_per_client"]
+    return table
+
+
+def svd_refresh_seconds(model: torch.nn.Module, repeats: int = 3, svd_solver: str = "exact") -> pd.DataFrame:
     """Wall-clock seconds of the spectral methods' orthogonal-space refresh of every decomposed layer of ``model``
-    by ``solver`` (:data:`~subfl.models.spectral_refresh.SVD_SOLVERS`: ``"exact"``, the thin float64 SVD of
+    by ``svd_solver`` (:data:`~subfl.models.spectral_refresh.SVD_SOLVERS`: ``"exact"``, the thin float64 SVD of
     :func:`~subfl.models.factorized.svd_factors`; ``"gram"``, the Gram-matrix eigendecomposition): the median of
     ``repeats`` calls per layer, with the layer's ``(n, m)`` matrix shape. A measurement for the runtime pages,
     not a benchmark (use ``benchmarks/bench_spectral_server.py`` / ``bench_svd_refresh.py`` for that)."""
     from ..models.factorized import layer_specs
-    from ..models.spectral_refresh import SVD_SOLVERS, solver_factors
+    from ..models.spectral_refresh import solver_function
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
-    if solver not in SVD_SOLVERS:
-        raise ValueError(f"solver={solver!r} is not valid; accepted: {', '.join(SVD_SOLVERS)}")
+    factors = solver_function(svd_solver)
     rows = []
     for name, spec in layer_specs(model).items():
         matrix = model.get_submodule(name).weight.detach().reshape(spec.out_features, spec.in_features)
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
-            solver_factors(matrix, solver)
+            factors(matrix)
             times.append(time.perf_counter() - start)
         rows.append({"layer": name, "shape": f"{spec.out_features} × {spec.in_features}",
                      "seconds": statistics.median(times)})
@@ -579,5 +588,5 @@ def bn_recalibrated_accuracy(result: RunResult, data_root: str | None = None, *,
 
 __all__ = ["IMAGE_SHAPES", "best_within_cost", "group_members", "bn_recalibrated_accuracy", "recalibrate_batchnorm", "client_levels", "client_round_bytes", "finding_status", "finetuning_costs",
            "final_models", "finetuning_setting", "finetuning_table", "group_class_probabilities", "mean_std_labels", "ordering_check", "payload_by_level",
-           "pretrained_zero_shot", "stage_seconds", "svd_refresh_seconds", "upload_savings",
+           "pretrained_zero_shot", "stage_seconds", "svd_refresh_seconds", "upload_savings", "with_server_shares",
            "weak_device_f1_table", "width_costs", "width_table"]

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from .analysis import with_server_shares
 from .cache import repo_root
 
 RESULTS_DIR = "results"
@@ -71,6 +72,13 @@ class RecordedRun:
         return float(curve.loc[round]) if round in curve.index else float("nan")
 
 
+def _last_shared_round(runs: Sequence[RecordedRun], metric: str, group: str) -> int | None:
+    """The last round at which every one of ``runs`` recorded ``metric`` of ``group`` (None if there is none)."""
+    rounds = [set(r.curve(metric, group).index) for r in runs]
+    shared = set.intersection(*rounds) if rounds else set()
+    return int(max(shared)) if shared else None
+
+
 @dataclass(frozen=True)
 class RecordedRuns:
     """A recorded file: ``meta`` (machine, script arguments, data note, date) and its runs in file order."""
@@ -92,9 +100,7 @@ class RecordedRuns:
     def common_round(self, metric: str = "accuracy", group: str = "global") -> int | None:
         """The last round at which every run recorded ``metric`` (None if there is none): the round at which runs
         that stopped at different rounds can be compared."""
-        rounds = [set(r.curve(metric, group).index) for r in self.runs]
-        shared = set.intersection(*rounds) if rounds else set()
-        return int(max(shared)) if shared else None
+        return _last_shared_round(self.runs, metric, group)
 
     def table(self, metric: str = "accuracy", group: str = "global") -> pd.DataFrame:
         """One row per run: status, rounds run, ``metric`` at :meth:`common_round`, at the last round it was
@@ -146,11 +152,9 @@ def seed_table(recorded: Sequence[RecordedRuns], metric: str = "accuracy", group
         if sorted(r.method for r in rec.runs) != sorted(methods):
             raise ValueError(f"recorded[{i}] holds methods {sorted(r.method for r in rec.runs)}, recorded[0] "
                              f"holds {sorted(methods)}: every file must hold the same rows")
-    rounds = [set(r.curve(metric, group).index) for rec in recorded for r in rec.runs]
-    shared = set.intersection(*rounds) if rounds else set()
-    if not shared:
+    common = _last_shared_round([r for rec in recorded for r in rec.runs], metric, group)
+    if common is None:
         raise ValueError(f"no round at which every run recorded {metric!r} of group {group!r}")
-    common = int(max(shared))
     rows = []
     for method in methods:
         values: dict[int, float] = {}
@@ -182,17 +186,11 @@ def load_stage_benchmark(path: str | Path) -> pd.DataFrame:
     missing = [k for k in ("args", "accelerator", "cpu_threads", "results") if k not in data]
     if missing:
         raise ValueError(f"{path.name}: a stage benchmark file needs {', '.join(missing)}")
-    rows = []
-    for r in data["results"]:
-        stages = {stage: float(r["seconds_per_round"].get(stage, 0.0))
-                  for stage in ("configure", "aggregate", "local_train", "evaluate")}
-        per_client = stages["local_train"] / int(data["args"]["clients"])
-        server = stages["configure"] + stages["aggregate"]
-        rows.append({"strategy": r["strategy"], "accelerator": data["accelerator"],
-                     "device": data["args"]["device"], "cpu_threads": int(data["cpu_threads"]), **stages,
-                     "local_per_client": per_client, "server_share": server / stages["local_train"],
-                     "server_share_per_client": server / per_client})
-    return pd.DataFrame(rows)
+    rows = [{"strategy": r["strategy"], "accelerator": data["accelerator"], "device": data["args"]["device"],
+             "cpu_threads": int(data["cpu_threads"]), "clients_per_round": int(data["args"]["clients"]),
+             **{stage: float(r["seconds_per_round"].get(stage, 0.0))
+                for stage in ("configure", "aggregate", "local_train", "evaluate")}} for r in data["results"]]
+    return with_server_shares(pd.DataFrame(rows)).drop(columns="clients_per_round")
 
 
 def recorded_path(name: str) -> Path:

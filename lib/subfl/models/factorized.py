@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -198,8 +198,11 @@ def svd_factors(matrix: torch.Tensor) -> SpectralFactors:
 
 
 def decompose_weights(weights: Mapping[str, torch.Tensor], specs: Mapping[str, LayerSpec],
+                      factors: Callable[[torch.Tensor], SpectralFactors] | None = None,
                       ) -> dict[str, SpectralFactors]:
-    """:func:`svd_factors` of ``weights[f"{name}.weight"]`` reshaped to ``(n, m)``, for every layer of ``specs``."""
+    """``factors`` (default :func:`svd_factors`; e.g. a solver of :mod:`subfl.models.spectral_refresh`) of
+    ``weights[f"{name}.weight"]`` reshaped to ``(n, m)``, for every layer of ``specs``."""
+    factors = svd_factors if factors is None else factors
     out: dict[str, SpectralFactors] = {}
     for name, spec in specs.items():
         key = f"{name}.weight"
@@ -208,7 +211,7 @@ def decompose_weights(weights: Mapping[str, torch.Tensor], specs: Mapping[str, L
         w = weights[key]
         if tuple(w.shape) != spec.weight_shape:
             raise ValueError(f"{key} has shape {tuple(w.shape)}, expected {spec.weight_shape}")
-        out[name] = svd_factors(w.reshape(spec.out_features, spec.in_features))
+        out[name] = factors(w.reshape(spec.out_features, spec.in_features))
     return out
 
 

@@ -20,7 +20,7 @@ matrix to float32 rounding in both cases (tested).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -56,33 +56,23 @@ def gram_svd_factors(matrix: torch.Tensor) -> SpectralFactors:
     return SpectralFactors(left_factor.to(dtype).contiguous(), right_factor.to(dtype).contiguous(), lam.to(dtype))
 
 
-def solver_factors(matrix: torch.Tensor, solver: str = "exact") -> SpectralFactors:
-    """The factors of ``matrix`` by ``solver`` (one of :data:`SVD_SOLVERS`)."""
-    if solver == "exact":
-        return svd_factors(matrix)
-    if solver == "gram":
-        return gram_svd_factors(matrix)
-    raise ValueError(f"svd_solver={solver!r} is not valid; accepted: {', '.join(SVD_SOLVERS)}")
+def solver_function(svd_solver: str) -> Callable[[torch.Tensor], SpectralFactors]:
+    """The factor function of ``svd_solver`` (one of :data:`SVD_SOLVERS`)."""
+    if svd_solver not in SVD_SOLVERS:
+        raise ValueError(f"svd_solver={svd_solver!r} is not valid; accepted: {', '.join(SVD_SOLVERS)}")
+    return svd_factors if svd_solver == "exact" else gram_svd_factors
+
+
+def solver_factors(matrix: torch.Tensor, svd_solver: str = "exact") -> SpectralFactors:
+    """The factors of ``matrix`` by ``svd_solver`` (one of :data:`SVD_SOLVERS`)."""
+    return solver_function(svd_solver)(matrix)
 
 
 def refresh_factors(weights: Mapping[str, torch.Tensor], specs: Mapping[str, LayerSpec],
-                    solver: str = "exact") -> dict[str, SpectralFactors]:
-    """The factors of every decomposed layer of ``specs`` (``weights[f"{name}.weight"]`` reshaped to ``(n, m)``) by
-    ``solver``: the spectral methods' orthogonal-space refresh."""
-    if solver not in SVD_SOLVERS:
-        raise ValueError(f"svd_solver={solver!r} is not valid; accepted: {', '.join(SVD_SOLVERS)}")
-    if solver == "exact":
-        return decompose_weights(weights, specs)
-    out: dict[str, SpectralFactors] = {}
-    for name, spec in specs.items():
-        key = f"{name}.weight"
-        if key not in weights:
-            raise ValueError(f"weights lack {key!r} (layer {name!r} is decomposed)")
-        w = weights[key]
-        if tuple(w.shape) != spec.weight_shape:
-            raise ValueError(f"{key} has shape {tuple(w.shape)}, expected {spec.weight_shape}")
-        out[name] = gram_svd_factors(w.reshape(spec.out_features, spec.in_features))
-    return out
+                    svd_solver: str = "exact") -> dict[str, SpectralFactors]:
+    """The spectral methods' orthogonal-space refresh: :func:`~subfl.models.factorized.decompose_weights` with
+    the factor function of ``svd_solver``."""
+    return decompose_weights(weights, specs, solver_function(svd_solver))
 
 
-__all__ = ["SVD_SOLVERS", "gram_svd_factors", "refresh_factors", "solver_factors"]
+__all__ = ["SVD_SOLVERS", "gram_svd_factors", "refresh_factors", "solver_factors", "solver_function"]
