@@ -36,3 +36,9 @@ def test_output_keep_is_required_or_validated(tmp_path):
     with pytest.raises(ValueError, match="output_keep=0"):
         leading_outputs_accuracy(run, 0)
     assert leading_outputs_accuracy(run, 0.5)["output_keep"] == 0.5
+
+
+def test_random_row_runs_are_refused(tmp_path):
+    run = _run("prism+memory", tmp_path, output_rows="random")
+    with pytest.raises(ValueError, match="drew its clients' output rows at random"):
+        leading_outputs_accuracy(run)

@@ -64,6 +64,47 @@ def test_output_subset_layers_compute_the_first_rows_and_zero_the_rest():
         assert w.shape == model.conv2.weight.shape and torch.count_nonzero(w[5:]) == 0
 
 
+def test_output_subset_layers_compute_chosen_rows_and_zero_the_rest():
+    model = CNN()
+    sub = _half_terms_submodel(model).eval()
+    rows = {"conv2": [1, 4, 6, 13, 15], "fc1": list(range(0, 128, 4))}
+    x = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    layers_before = factorized_modules(sub)
+    kept_u = {n: m.u.detach()[rows[n]].clone() for n, m in layers_before.items()}
+    with torch.no_grad():  # reference: the plain sub-model with every row outside R zeroed
+        for n, m in layers_before.items():
+            mask = torch.ones(m.u.shape[0], dtype=torch.bool)
+            mask[rows[n]] = False
+            m.u[mask] = 0.0
+        expected = sub(x)
+        for n, m in layers_before.items():
+            m.u[rows[n]] = kept_u[n]
+    restricted = restrict_outputs(sub, rows).eval()
+    layers = factorized_modules(restricted)
+    assert torch.equal(layers["conv2"].u.detach(), kept_u["conv2"])  # row a of u is row R[a] of U'
+    assert "5 chosen of 16" in repr(layers["conv2"]) and "state_dict" not in repr(layers["conv2"])
+    assert set(restricted.state_dict()) == set(sub.state_dict())  # the rows are not part of the state
+    out = restricted(x)
+    assert (out - expected).abs().max().item() < 1e-5
+    conv_out = layers["conv2"](torch.randn(2, 8, 8, 8))
+    others = [c for c in range(16) if c not in rows["conv2"]]
+    bias = layers["conv2"].bias.view(1, -1, 1, 1).expand_as(conv_out)
+    assert torch.equal(conv_out[:, others], bias[:, others])
+    w = layers["conv2"].dense_weight()
+    assert torch.count_nonzero(w[others]) == 0 and torch.count_nonzero(w[rows["conv2"]]) > 0
+    out.sum().backward()  # gradients reach exactly the held rows
+    assert layers["conv2"].u.grad.shape == (5, layers["conv2"].rank) and layers["conv2"].u.grad.abs().sum() > 0
+
+
+def test_leading_rows_given_as_indices_are_the_leading_count():
+    rows = restrict_outputs(_half_terms_submodel(CNN()), {"conv2": [0, 1, 2]})
+    counted = restrict_outputs(_half_terms_submodel(CNN()), {"conv2": 3})
+    layer = factorized_modules(rows)["conv2"]
+    assert layer.rows is None and layer.outputs == 3 and torch.equal(layer.row_indices(), torch.arange(3))
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(rows.eval()(x), counted.eval()(x))
+
+
 def test_restrict_outputs_rejects_bad_arguments():
     sub = _half_terms_submodel(CNN())
     with pytest.raises(ValueError, match="not factorized layers"):
@@ -72,6 +113,9 @@ def test_restrict_outputs_rejects_bad_arguments():
         restrict_outputs(sub, {"conv2": 17})
     with pytest.raises(ValueError, match="outputs of layer 'fc1'"):
         restrict_outputs(sub, {"fc1": 0})
+    for bad in ([1, 1, 2], [3, 16], [-1, 2], [], [0.5, 1.5], "ab"):
+        with pytest.raises(ValueError, match=r"distinct row indices in \[0, 15\]"):
+            restrict_outputs(sub, {"conv2": bad})
 
 
 # ----- the method ---------------------------------------------------------------------------------------------
@@ -82,6 +126,9 @@ def test_registered_and_options_validated():
             make_method("prism+memory", output_keep=bad)
     assert make_method("prism+memory", output_keep=1).config["output_keep"] == 1.0
     assert make_method("prism+memory", strategy="topn").base == "topn"
+    assert METHODS["prism+memory"]().config["output_rows"] == "leading"
+    with pytest.raises(ValueError, match="option output_rows='first' is not valid; accepted: 'leading', 'random'"):
+        make_method("prism+memory", output_rows="first")
 
 
 @pytest.mark.parametrize("output_keep,expected", [(None, {0.2: 2, 0.4: 4}), (0.5, {0.2: 5, 0.4: 5})])
@@ -139,6 +186,80 @@ def test_aggregation_averages_the_held_rows_and_keeps_the_cached_ones():
     assert torch.allclose(new["weights"]["layers.3.weight"], (u @ v).float(), atol=1e-5)
 
 
+def test_random_rows_are_uniform_distinct_and_fresh_each_round():
+    method = make_method("prism+memory", output_rows="random", output_keep=0.3)  # 3 of layers.3's 10 rows
+    ctx = _ctx(SMALL_MLP)
+    state = method.init(ctx)
+    u = state["factors"]["layers.3"]["u"]
+    hits = np.zeros(10)
+    draws = 0
+    for rnd in (1, 2):
+        tasks = method.configure(state, rnd, [ClientProfile(c, 0.2) for c in range(400)], ctx)
+        for task in tasks.values():
+            rows = task.config["outputs"]["layers.3"]
+            assert len(rows) == 3 and rows == sorted(set(rows)) and all(0 <= j < 10 for j in rows)
+            assert torch.equal(task.tensors["layers.3.u"], u[rows][:, task.config["terms"]["layers.3"]])
+            hits[rows] += 1
+            draws += 1
+    # each row's inclusion frequency is 3/10; binomial sd over 800 draws is 0.016: allow 4 sd
+    assert np.abs(hits / draws - 0.3).max() < 4 * math.sqrt(0.3 * 0.7 / draws)
+    again = method.configure(state, 1, [ClientProfile(0, 0.2)], ctx)[0].config["outputs"]
+    first, second = (method.configure(state, r, [ClientProfile(0, 0.2)], ctx)[0].config["outputs"] for r in (1, 2))
+    assert again == first and first != second  # the same per (round, client), fresh across rounds
+
+
+def _update(cid, n, tensors, terms, keep_ratio, outputs=None):
+    stats = {"keep_ratio": keep_ratio, "terms": terms}
+    if outputs is not None:
+        stats["outputs"] = outputs
+    return Update(cid, tensors, n, stats)
+
+
+def test_random_rows_are_averaged_per_entry_over_the_clients_that_held_them():
+    method = make_method("prism+memory", strategy="topn", output_rows="random", output_keep=0.3)  # terms 0, 1
+    ctx = _ctx(SMALL_MLP)
+    state = method.init(ctx)
+    task = method.configure(state, 1, [ClientProfile(0, 0.2)], ctx)[0]
+    u = state["factors"]["layers.3"]["u"].double().clone()
+    v = state["factors"]["layers.3"]["v"].double().clone()
+    terms = {"layers.3": [0, 1]}
+    dense = {k: t for k, t in task.tensors.items() if k not in ("layers.3.u", "layers.3.v", "layers.3.omega")}
+    updates = []
+    for cid, (rows, du, dv, n) in enumerate((([0, 1, 2], 1.0, -1.0, 1), ([2, 3, 4], 5.0, -3.0, 3))):
+        tensors = {**dense, "layers.3.u": (u[rows][:, :2] + du).float(), "layers.3.v": (v[:2] + dv).float()}
+        updates.append(_update(cid, n, tensors, terms, 0.2, {"layers.3": rows}))
+    new = method.aggregate(state, 1, updates, ctx)
+    u[[0, 1], :2] += 1.0              # held by client 0 only
+    u[2, :2] += (1 * 1.0 + 3 * 5.0) / 4  # held by both: data-size weighted
+    u[[3, 4], :2] += 5.0              # held by client 1 only; rows 5..9 held by nobody keep their value
+    v[:2] += (1 * -1.0 + 3 * -3.0) / 4
+    assert torch.allclose(new["weights"]["layers.3.weight"], (u @ v).float(), atol=1e-5)
+    del updates[0].stats["outputs"]
+    with pytest.raises(ValueError, match=r"lacks stats\['outputs'\]\['layers.3'\]"):
+        method.aggregate(state, 1, updates, ctx)
+
+
+def test_heterogeneous_leading_rows_are_not_diluted_by_cached_values():
+    # keep 0.2 holds rows 0..1 and terms 0..1; keep 0.4 holds rows 0..3 and terms 0..3 (topn, q = r)
+    method = make_method("prism+memory", strategy="topn")
+    ctx = _ctx(SMALL_MLP)
+    state = method.init(ctx)
+    tasks = method.configure(state, 1, [ClientProfile(0, 0.2), ClientProfile(1, 0.4)], ctx)
+    assert [t.config["outputs"]["layers.3"] for t in tasks.values()] == [2, 4]
+    shifts = iter([2.0, 6.0])
+
+    def edit(tensors):
+        tensors["layers.3.u"] += next(shifts)
+
+    new = method.aggregate(state, 1, _echo(tasks, [1, 1], edit), ctx)
+    u = state["factors"]["layers.3"]["u"].double().clone()
+    v = state["factors"]["layers.3"]["v"].double()
+    u[:2, :2] += 4.0   # entries both clients held: their mean
+    u[2:4, :2] += 6.0  # held by the 0.4 client alone: its value (a per-term average with the cached rows gives 3)
+    u[:4, 2:4] += 6.0  # terms 2, 3: the 0.4 client alone
+    assert torch.allclose(new["weights"]["layers.3.weight"], (u @ v).float(), atol=1e-5)
+
+
 def test_update_with_wrong_rows_is_rejected():
     method = make_method("prism+memory")
     ctx = _ctx(SMALL_MLP)
@@ -148,7 +269,7 @@ def test_update_with_wrong_rows_is_rejected():
     def widen(tensors):
         tensors["layers.3.u"] = torch.zeros(10, tensors["layers.3.u"].shape[1])
 
-    with pytest.raises(ValueError, match=r"layers.3.u has shape \(10, 2\), expected \(2, 2\)"):
+    with pytest.raises(ValueError, match=r"layers.3.u has shape \(10, 2\), expected \(2, 2\) for its 2 outputs"):
         method.aggregate(state, 1, _echo(tasks, [1], widen), ctx)
 
 
@@ -185,6 +306,17 @@ def test_end_to_end_uploads_fewer_rows_than_prism(tmp_path):
                                        heterogeneity="0.2"),
                            tmp_path / "again", cache=False, progress=False)
     assert again.history.equals(runs["prism+memory"].history)
+
+
+def test_end_to_end_random_rows_train_every_row(tmp_path):
+    cfg = make_config("prism+memory", "digits", "mlp", scale="ci", clients_per_round=2, heterogeneity="0.2",
+                      method_options=(("output_rows", "random"),))
+    run = run_experiment(cfg, tmp_path / "random", cache=False, progress=False)
+    up = run.ledger[(run.ledger.direction == "up") & (run.ledger.name == "layers.3.u")]
+    assert {tuple(int(s) for s in shape.split("x"))[0] for shape in up["shape"]} == {keep_count(200, 0.2)}
+    assert run.curve("accuracy").value.between(0, 1).all()
+    again = run_experiment(cfg, tmp_path / "again", cache=False, progress=False)
+    assert again.history.equals(run.history)
 
 
 # ----- constant-channel memory -----------------------------------------------------------------------------

@@ -42,8 +42,13 @@ def leading_outputs_accuracy(result: RunResult, output_keep: float | None = None
     ``accuracy``: the global model as the run evaluates it (every output computed). ``leading_outputs_accuracy``:
     the same weights with the rows ``j ≥ ⌈q·n⌉`` of every decomposed layer (:func:`~subfl.models.factorized
     .layer_specs`) set to zero. ``output_keep``: ``q``; ``None`` takes a ``prism+memory`` run's own (its option, or
-    its single keep ratio). A diverged run raises ``ValueError``.
+    its single keep ratio). A diverged run, or a ``prism+memory`` run with ``output_rows="random"``, raises
+    ``ValueError``.
     """
+    if dict(result.config.method_options).get("output_rows", "leading") != "leading":
+        raise ValueError(f"run {result.config.label()} drew its clients' output rows at random (output_rows="
+                         f"{dict(result.config.method_options)['output_rows']!r}): every row was trained, so the "
+                         f"leading-outputs restriction does not describe what its clients computed")
     if output_keep is None:
         q = _run_output_keep(result)
     elif isinstance(output_keep, numbers.Real) and not isinstance(output_keep, bool) and 0 < output_keep <= 1:
