@@ -6,7 +6,7 @@ import torch
 
 from subfl.experiments import make_config, run_experiment
 from subfl.experiments.analysis import final_models
-from subfl.experiments.prism_memory_eval import leading_outputs_accuracy
+from subfl.experiments.prism_memory_eval import expected_outputs_accuracy, leading_outputs_accuracy
 from subfl.experiments.runner import prepare_data
 from subfl.metrics.fairness import model_predictions
 
@@ -40,5 +40,19 @@ def test_output_keep_is_required_or_validated(tmp_path):
 
 def test_random_row_runs_are_refused(tmp_path):
     run = _run("prism+memory", tmp_path, output_rows="random")
-    with pytest.raises(ValueError, match="drew its clients' output rows at random"):
+    with pytest.raises(ValueError, match="drew its clients. output rows at random.*use expected_outputs_accuracy"):
         leading_outputs_accuracy(run)
+
+
+def test_expected_outputs_accuracy_scales_every_row_by_its_inclusion_probability(tmp_path):
+    run = _run("prism+memory", tmp_path, output_rows="random")
+    scores = expected_outputs_accuracy(run)
+    assert scores["output_keep"] == 0.2 and scores["accuracy"] == pytest.approx(run.final("accuracy"))
+    model = final_models(run)["global"]  # layers.3 (200 x 200) is decomposed; each client computes 40 rows
+    with torch.no_grad():
+        model.layers[3].weight.mul_(40 / 200)
+    preds, truth = model_predictions(model, prepare_data(run.config)[1])
+    assert scores["expected_outputs_accuracy"] == pytest.approx(float((preds == truth).mean()))
+    assert expected_outputs_accuracy(run, 1.0)["expected_outputs_accuracy"] == scores["accuracy"]
+    with pytest.raises(ValueError, match="output_keep=1.5"):
+        expected_outputs_accuracy(run, 1.5)
