@@ -265,6 +265,11 @@ def test_aggregation_weights_by_data_size():
     u, v = state["factors"]["layers.3"]["u"].double().clone(), state["factors"]["layers.3"]["v"].double().clone()
     u[:, 0], v[0] = 0.75, 1.0  # (1*0 + 3*1) / 4
     assert torch.allclose(new["weights"]["layers.3.weight"], (u @ v).float(), atol=1e-5)
+    updates = _echo_updates(tasks, [1, 3], edit)
+    assert method.aggregation_weights(updates) == [1.0, 3.0]
+    for upd in updates:
+        upd.n_samples = 0
+    assert method.aggregation_weights(updates) == [1.0, 1.0]  # no data reported: every update counts once
 
 
 def test_resnet_client_trains_factorized_convs_with_static_bn():

@@ -29,9 +29,6 @@ from ..sampling import keep_count
 from .analysis import final_models
 from .runner import RunResult, prepare_data
 
-OUTPUT_ROWS_OPTION = "output_rows"
-
-
 def _run_output_keep(result: RunResult) -> float:
     config = result.config
     if config.method != "prism+memory":
@@ -55,7 +52,7 @@ def _output_keep(result: RunResult, output_keep: float | None) -> float:
 
 
 def _output_rows(result: RunResult) -> str:
-    return dict(result.config.method_options).get(OUTPUT_ROWS_OPTION, "leading")
+    return dict(result.config.method_options).get("output_rows", "leading")
 
 
 def _scores(result: RunResult, q: float, edit: Callable[[torch.Tensor, int], None],

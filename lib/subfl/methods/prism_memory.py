@@ -144,9 +144,7 @@ class MemoryEfficientPriSM(SpectralSharding):
             if "keep_ratio" not in upd.stats or "terms" not in upd.stats:
                 raise ValueError(f"update of client {upd.client_id} lacks stats['keep_ratio'] / stats['terms']; "
                                  f"{self.name} updates carry the keep ratio and the terms each layer trained")
-        sizes = [float(u.n_samples) for u in updates]
-        if sum(sizes) <= 0:  # the weights of SpectralSharding.aggregate
-            sizes = [1.0] * len(updates)
+        sizes = self.aggregation_weights(updates)
         completed = [dict(u.tensors) for u in updates]
         for name, spec in specs.items():
             cached = state["factors"][name]["u"].to(torch.float64)

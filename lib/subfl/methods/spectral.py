@@ -445,6 +445,13 @@ class SpectralSharding(Method):
             tasks[profile.client_id] = Task(profile.client_id, round, tensors, config)
         return tasks
 
+    @staticmethod
+    def aggregation_weights(updates: Sequence[Update]) -> list[float]:
+        """Each update's weight in :meth:`aggregate`: its data size ``n_k``, or 1 for every update when no update
+        reports any data."""
+        sizes = [float(u.n_samples) for u in updates]
+        return sizes if sum(sizes) > 0 else [1.0] * len(updates)
+
     def aggregate(self, state: ServerState, round: int, updates: Sequence[Update],
                   ctx: ServerContext) -> ServerState:
         if not updates:
@@ -453,9 +460,7 @@ class SpectralSharding(Method):
         weights_in = state["weights"]
         decomposed = {f"{name}.weight" for name in specs}
         dense_names = [k for k in weights_in if k not in decomposed]
-        sizes = [float(u.n_samples) for u in updates]
-        if sum(sizes) <= 0:
-            sizes = [1.0] * len(updates)
+        sizes = self.aggregation_weights(updates)
         for u in updates:
             missing = [k for k in dense_names if k not in u.tensors]
             if missing or "terms" not in u.stats:

@@ -63,11 +63,6 @@ def solver_function(svd_solver: str) -> Callable[[torch.Tensor], SpectralFactors
     return svd_factors if svd_solver == "exact" else gram_svd_factors
 
 
-def solver_factors(matrix: torch.Tensor, svd_solver: str = "exact") -> SpectralFactors:
-    """The factors of ``matrix`` by ``svd_solver`` (one of :data:`SVD_SOLVERS`)."""
-    return solver_function(svd_solver)(matrix)
-
-
 def refresh_factors(weights: Mapping[str, torch.Tensor], specs: Mapping[str, LayerSpec],
                     svd_solver: str = "exact") -> dict[str, SpectralFactors]:
     """The spectral methods' orthogonal-space refresh: :func:`~subfl.models.factorized.decompose_weights` with
@@ -75,4 +70,4 @@ def refresh_factors(weights: Mapping[str, torch.Tensor], specs: Mapping[str, Lay
     return decompose_weights(weights, specs, solver_function(svd_solver))
 
 
-__all__ = ["SVD_SOLVERS", "gram_svd_factors", "refresh_factors", "solver_factors", "solver_function"]
+__all__ = ["SVD_SOLVERS", "gram_svd_factors", "refresh_factors", "solver_function"]
