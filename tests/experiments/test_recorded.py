@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from subfl.experiments.recorded import load_recorded, load_stage_benchmark, recorded_path, seed_table
@@ -110,12 +111,14 @@ def test_seed_table_refuses_mismatched_files(recorded, tmp_path):
         seed_table([recorded, late])
 
 
-def test_committed_seed_files_hold_the_same_rows_with_seeds_0_and_1():
+def test_committed_seed_files_hold_the_same_rows_with_seeds_0_1_and_2():
     files = [load_recorded(recorded_path(n)) for n in ("spectral_resnet18_h200.json",
-                                                       "spectral_resnet18_seed1_h100.json")]
-    assert [f.seeds for f in files] == [[0], [1]]
+                                                       "spectral_resnet18_seed1_h100.json",
+                                                       "spectral_resnet18_seed2_h100.json")]
+    assert [f.seeds for f in files] == [[0], [1], [2]]
+    assert all([r.method for r in f.runs] == [r.method for r in files[0].runs] for f in files)
     table = seed_table(files)
-    assert table["round"].iloc[0] == 22 and (table["seeds"] == 2).all()
+    assert table["round"].iloc[0] == 22 and (table["seeds"] == 3).all()
 
 
 def test_committed_resnet18_file_matches_the_model():
@@ -161,6 +164,14 @@ def test_stage_benchmark_gives_the_server_share(tmp_path):
     assert row["local_per_client"] == pytest.approx(0.5)           # 5 s over 10 clients
     assert row["server_share_per_client"] == pytest.approx(2.0)
     assert row["cpu_threads"] == 4 and row["device"] == "cuda"
+    assert row["svd_solver"] == "exact"                            # a file from before solvers were recorded
+    path.write_text(json.dumps({"args": {"clients": 10, "device": "cuda"}, "accelerator": "gpu", "cpu_threads": 4,
+                                "results": [{"strategy": s, "svd_solver": v, "seconds_per_round": {
+                                    "configure": 0.1, "aggregate": a, "local_train": 5.0}}
+                                    for s, v, a in (("prism", "gram", 0.4), ("fedavg", None, 0.1))]}))
+    table = load_stage_benchmark(path)
+    assert table["svd_solver"].iloc[0] == "gram" and pd.isna(table["svd_solver"].iloc[1])
+    assert table["server_share"].tolist() == pytest.approx([0.1, 0.04])   # (0.1 + 0.4) / 5, (0.1 + 0.1) / 5
     path.write_text(json.dumps({"args": {}, "results": []}))
     with pytest.raises(ValueError, match="accelerator, cpu_threads"):
         load_stage_benchmark(path)
@@ -170,7 +181,9 @@ def test_stage_benchmark_gives_the_server_share(tmp_path):
 
 def test_committed_runtime_files_time_resnet18_at_full_width():
     for name, threads in (("prism_runtime_resnet18_h200_16threads.json", 16),
-                          ("prism_runtime_resnet18_h200_2threads.json", 2)):
+                          ("prism_runtime_resnet18_h200_2threads.json", 2),
+                          ("prism_runtime_resnet18_gram_h100_16threads.json", 16),
+                          ("prism_runtime_resnet18_gram_h100_2threads.json", 2)):
         table = load_stage_benchmark(recorded_path(name))
         assert (table["cpu_threads"] == threads).all() and "prism" in set(table["strategy"])
         data = json.loads(recorded_path(name).read_text())

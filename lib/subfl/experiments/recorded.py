@@ -174,8 +174,10 @@ def seed_table(recorded: Sequence[RecordedRuns], metric: str = "accuracy", group
 
 
 def load_stage_benchmark(path: str | Path) -> pd.DataFrame:
-    """A file written by ``benchmarks/bench_spectral_server.py --out``: one row per strategy with the machine
-    (``accelerator``, ``device``, ``cpu_threads``), the mean seconds per round of every engine stage, one client's
+    """A file written by ``benchmarks/bench_spectral_server.py --out``: one row per strategy and refresh solver
+    with the machine (``accelerator``, ``device``, ``cpu_threads``), the strategy's ``svd_solver`` (None for
+    FedAvg; ``"exact"`` in files written before the benchmark recorded it, when it timed the exact SVD only),
+    the mean seconds per round of every engine stage, one client's
     share of local training (``local_per_client``), and the server's share (configure + aggregate) of the round's
     summed local training (``server_share``) and of one client's (``server_share_per_client``), as
     :func:`subfl.experiments.analysis.stage_seconds` gives them for runs of this machine."""
@@ -186,7 +188,9 @@ def load_stage_benchmark(path: str | Path) -> pd.DataFrame:
     missing = [k for k in ("args", "accelerator", "cpu_threads", "results") if k not in data]
     if missing:
         raise ValueError(f"{path.name}: a stage benchmark file needs {', '.join(missing)}")
-    rows = [{"strategy": r["strategy"], "accelerator": data["accelerator"], "device": data["args"]["device"],
+    rows = [{"strategy": r["strategy"],
+             "svd_solver": r.get("svd_solver", None if r["strategy"] == "fedavg" else "exact"),
+             "accelerator": data["accelerator"], "device": data["args"]["device"],
              "cpu_threads": int(data["cpu_threads"]), "clients_per_round": int(data["args"]["clients"]),
              **{stage: float(r["seconds_per_round"].get(stage, 0.0))
                 for stage in ("configure", "aggregate", "local_train", "evaluate")}} for r in data["results"]]
