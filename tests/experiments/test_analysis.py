@@ -93,6 +93,18 @@ def test_spectral_heterogeneity_configs_share_the_training_tables_runs():
     with pytest.raises(ValueError, match="method='origdrop' is not run on split '10'"):
         spectral_heterogeneity_config("origdrop", "10")
 
+
+def test_factor_decay_configs_share_the_weight_decay_runs():
+    from subfl.experiments.catalog import prism_factor_decay_config, spectral_heterogeneity_config
+    assert prism_factor_decay_config("prism", "weight", seed=2) == spectral_heterogeneity_config("prism", "0.1", seed=2)
+    frob = prism_factor_decay_config("topn", "frobenius", scale="ci")
+    assert dict(frob.method_options) == {"factor_decay": "frobenius"}
+    assert frob.replace(method_options=()) == spectral_heterogeneity_config("topn", "0.1", scale="ci")
+    with pytest.raises(ValueError, match="method='unbiased' is not valid; accepted: prism, topn"):
+        prism_factor_decay_config("unbiased", "weight")
+    with pytest.raises(ValueError, match="factor_decay='l2' is not valid; accepted: weight, frobenius"):
+        prism_factor_decay_config("prism", "l2")
+
 @pytest.fixture(scope="module")
 def heterofl_run(tmp_path_factory):
     cfg = make_config("heterofl", "digits", "mlp", scale="ci", heterogeneity="0.5:0.5,1.0:0.5", rounds=2,

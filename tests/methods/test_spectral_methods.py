@@ -15,7 +15,8 @@ from subfl.fl.training import ClientDataset, LocalTraining, train_epochs
 from subfl.fl.types import ClientProfile, Update
 from subfl.methods import METHODS, make_method
 from subfl.methods.base import ClientContext, ServerContext
-from subfl.methods.spectral import STRATEGIES, clip_gradients, term_design
+from subfl.methods.spectral import (STRATEGIES, clip_gradients, frobenius_decay_penalty, product_frobenius_sq,
+                                  term_design)
 from subfl.models import build_model
 from subfl.models.factorized import (FactorizedConv2d, FactorizedLinear, build_submodel, decomposable_layers,
                                      decompose, dense_weight, factorize, factorized_modules, layer_specs, read_factors,
@@ -176,7 +177,7 @@ def test_clip_gradients_scales_by_min_one_tau_over_omega():
 
 def test_options_are_validated():
     for bad in [dict(sampler="poisson"), dict(kappa=-1), dict(tau=0), dict(frobenius_reg=-0.1), dict(sbn="yes"),
-                dict(strategy="top-k"), dict(schatten_p=1), dict(svd_solver="qr")]:
+                dict(strategy="top-k"), dict(schatten_p=1), dict(svd_solver="qr"), dict(factor_decay="l2")]:
         with pytest.raises(ValueError, match=next(iter(bad))):
             make_method("spectral", **bad)
     with pytest.raises(ValueError, match="fixes strategy"):
@@ -412,3 +413,80 @@ def test_clipped_learning_rate_cancels_under_adam_but_not_under_sgd():
     sgd, sgd_clipped = _term_steps("sgd", False), _term_steps("sgd", True)
     ratios = [clipped / plain for clipped, plain in zip(sgd_clipped, sgd)]  # measured 0.957, 0.524, 0.106
     assert ratios == pytest.approx([1.0, 0.5, 0.1], rel=0.1)  # the scales (the trajectories interact a little)
+
+
+# ----- factor_decay="frobenius" (PriSM's released code's Frobenius decay) --------------------------------------
+def test_product_frobenius_norm_matches_the_dense_weight():
+    spec = layer_specs(build_model("cnn", num_classes=10, input_shape=(1, 8, 8), width=0.25))
+    name = next(n for n, s in spec.items() if s.kind == "conv2d")
+    layer = FactorizedConv2d(spec[name], 3)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        layer.u.copy_(torch.randn(layer.u.shape, generator=g))
+        layer.v.copy_(torch.randn(layer.v.shape, generator=g))
+    layer.omega = torch.tensor([1.0, 2.5, 0.5])
+    expected = float(layer.dense_weight().detach().pow(2).sum())
+    assert float(product_frobenius_sq(layer).detach()) == pytest.approx(expected, rel=1e-5)
+
+
+def test_frobenius_decay_gradients_are_the_released_codes():
+    sub = factorize(SMALL_MLP(), {"layers.3": 4})
+    layer = factorized_modules(sub)["layers.3"]
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in sub.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    wd = 0.01
+    frobenius_decay_penalty(sub, wd)().backward()
+    u, v = layer.u.detach(), layer.v.detach()
+    # utils/frob.py: grad_U += wd * U V Vᵀ, grad_V += wd * Uᵀ U V (ω = 1); every other parameter: wd * θ
+    assert torch.allclose(layer.u.grad, wd * u @ v @ v.T, atol=1e-6)
+    assert torch.allclose(layer.v.grad, wd * u.T @ u @ v, atol=1e-6)
+    first = next(m for m in sub.modules() if isinstance(m, torch.nn.Linear))  # the dense first layer
+    assert torch.allclose(first.weight.grad, wd * first.weight.detach(), atol=1e-7)
+    assert torch.allclose(layer.bias.grad, wd * layer.bias.detach(), atol=1e-7)
+
+
+def test_factor_decay_frobenius_changes_only_the_factors_step():
+    """One SGD step (lr 0.1, wd 0.01, no momentum) of the same client from the same task: with
+    ``factor_decay="frobenius"`` every non-factor parameter moves exactly as with weight decay, and a factor's step
+    differs by lr·wd·(u' − (U'DV')(DV')ᵀ) — the weight-decay term swapped for the Frobenius-decay one, with ω = 1/π
+    of the unbiased design in D."""
+    lr, wd = 0.1, 0.01
+    ctx = ServerContext(model_fn=SMALL_MLP, training=LocalTraining(lr=lr, batch_size=8, local_steps=1,
+                                                                    weight_decay=wd), rounds=2, seed=0,
+                        num_classes=3, input_shape=(1, 4, 4), num_clients=1)
+    g = torch.Generator().manual_seed(2)
+    data = ClientDataset(ArrayData(torch.randn(8, 1, 4, 4, generator=g), torch.randint(0, 3, (8,), generator=g)),
+                         np.arange(8))
+    out = {}
+    for decay in ("weight", "frobenius"):
+        method = make_method("unbiased", factor_decay=decay)
+        state = method.init(ctx)
+        task = method.configure(state, 1, [ClientProfile(0, 0.5)], ctx)[0]
+        out[decay] = method.local_update(task, data, ClientContext(SMALL_MLP, torch.Generator().manual_seed(3)))
+    assert "factor_decay" not in make_method("unbiased").configure(state, 1, [ClientProfile(0, 0.5)], ctx)[0].config
+    assert task.config["factor_decay"] == "frobenius"
+    name = next(iter(task.config["terms"]))
+    u0, v0, omega = task.tensors[f"{name}.u"], task.tensors[f"{name}.v"], task.tensors[f"{name}.omega"]
+    assert not torch.allclose(omega, torch.ones_like(omega))  # the unbiased design's ω = 1/π
+    weight, frob = out["weight"].tensors, out["frobenius"].tensors
+    for key in weight:
+        if key not in (f"{name}.u", f"{name}.v"):
+            assert torch.allclose(weight[key], frob[key], atol=1e-6), key
+    w_omega = u0 * omega @ v0  # U' D V'
+    assert torch.allclose(frob[f"{name}.u"] - weight[f"{name}.u"],
+                          -lr * wd * (w_omega @ (omega[:, None] * v0).T - u0), atol=1e-6)
+    assert torch.allclose(frob[f"{name}.v"] - weight[f"{name}.v"],
+                          -lr * wd * ((u0 * omega).T @ w_omega - v0), atol=1e-6)
+
+
+def test_factor_decay_frobenius_refuses_decoupled_weight_decay():
+    ctx = ServerContext(model_fn=SMALL_MLP, training=LocalTraining(optimizer="adamw", lr=0.01, batch_size=8,
+                                                                    local_steps=1, weight_decay=0.01),
+                        rounds=1, seed=0, num_classes=3, input_shape=(1, 4, 4), num_clients=1)
+    method = make_method("prism", factor_decay="frobenius")
+    task = method.configure(method.init(ctx), 1, [ClientProfile(0, 0.5)], ctx)[0]
+    data = ClientDataset(ArrayData(torch.randn(8, 1, 4, 4), torch.randint(0, 3, (8,))), np.arange(8))
+    with pytest.raises(ValueError, match="factor_decay='frobenius'.*accepted optimizers: sgd, adam"):
+        method.local_update(task, data, ClientContext(SMALL_MLP, torch.Generator().manual_seed(0)))

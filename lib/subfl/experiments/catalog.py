@@ -723,6 +723,25 @@ def spectral_heterogeneity_config(method: str, label_split: str, *, scale: str =
     return spectral_config(method, "r0.2", "dirichlet", float(label_split), scale=scale, seed=seed, lr=SPECTRAL_LOW_LR)
 
 
+PRISM_FACTOR_DECAY_METHODS = ("prism", "topn")
+"""The methods of PriSM's Eq. (6) page: PriSM and OrthDrop (top-n), each with both ``factor_decay`` values."""
+
+
+def prism_factor_decay_config(method: str, factor_decay: str, *, scale: str = "cpu", seed: int = 0) -> ExperimentConfig:
+    """One run of PriSM's Eq. (6) page: ``method`` (:data:`PRISM_FACTOR_DECAY_METHODS`) at keep ratio 0.2 on the
+    Dirichlet(0.1) split at :data:`SPECTRAL_LOW_LR` (the setting of the memory-efficient and Fig. 5 pages) with
+    option ``factor_decay`` (:data:`~subfl.methods.spectral.FACTOR_DECAYS`). ``"weight"``, the option's default,
+    is left out of the configuration, so that run is exactly ``spectral_heterogeneity_config(method, "0.1")`` and
+    shares its cached runs."""
+    from ..methods.spectral import FACTOR_DECAYS
+    if method not in PRISM_FACTOR_DECAY_METHODS:
+        raise ValueError(f"method={method!r} is not valid; accepted: {', '.join(PRISM_FACTOR_DECAY_METHODS)}")
+    if factor_decay not in FACTOR_DECAYS:
+        raise ValueError(f"factor_decay={factor_decay!r} is not valid; accepted: {', '.join(FACTOR_DECAYS)}")
+    options = {} if factor_decay == "weight" else {"factor_decay": factor_decay}
+    return spectral_config(method, "r0.2", "dirichlet", 0.1, scale=scale, seed=seed, lr=SPECTRAL_LOW_LR, **options)
+
+
 SPECTRAL_ABLATIONS: dict[str, tuple[tuple[str, dict], ...]] = {
     "clipped learning rate (Table 3)": (("unbiased", {}), ("unbiased+cliplr", {}), ("collective", {}),
                                         ("collective+cliplr", {})),

@@ -94,6 +94,18 @@ Other options
   two factors balanced and favours low rank. The issue that asked for this option cites PriSM's Eq. (6) for
   it; that equation could not be checked when this was written, so the form above is this library's choice,
   stated exactly (change :func:`frobenius_penalty` if Eq. (6) differs).
+* ``factor_decay`` (``"weight"``): how the run's weight decay ``wd`` (``ExperimentConfig.weight_decay``) treats the
+  factors of the decomposed layers. ``"weight"``: the optimiser's weight decay, like every other parameter
+  (gradient ``wd·u'``, ``wd·v'``). ``"frobenius"``: *Frobenius decay* of the layer the client computes, as
+  PriSM's released code does it (``utils/frob.py`` of github.com/yuehniu/modeldecomp-fl: no weight decay on the
+  factors, and the gradient of ``(wd/2) ‖U'_S V'_S‖_F²`` added to theirs, with the same coefficient ``wd``): the
+  penalty ``(wd/2) Σ_layers ‖U'_S diag(ω_S) V'_S‖_F²`` plus ``(wd/2) ‖θ‖²`` for every other parameter ``θ``,
+  with the optimiser's own weight decay set to 0 (for SGD and Adam the same update as their coupled decay). It
+  penalises the product, not the factors: it leaves the split of each term between ``u'_i`` and ``v'_i`` free,
+  and decays a term in proportion to its share of the layer. With ``ω = 1`` (PriSM) it is the released code's
+  decay; this module includes ``ω`` so that the decayed matrix is the one the sub-model applies
+  (:func:`frobenius_decay_penalty`). The released code also clips the gradient norm at 5; that is the run's
+  ``grad_clip`` here, not part of this option.
 * ``sbn`` (True): static batch norm — if the configured model has BatchNorm with running statistics, every
   model of the run is built with ``norm="bn_nostats"`` (batch statistics in training and evaluation, as PriSM
   does; nothing to aggregate). Models without BatchNorm are unchanged.
@@ -163,6 +175,10 @@ STRATEGIES: tuple[str, ...] = BASE_STRATEGIES + tuple(s + CLIPLR_SUFFIX for s in
 
 SAMPLERS: tuple[str, ...] = ("cps", "brewer", "min_support")
 """Fixed-size samplers with prescribed marginals (option ``sampler``)."""
+
+FACTOR_DECAYS: tuple[str, ...] = ("weight", "frobenius")
+"""Accepted values of option ``factor_decay``: the optimiser's weight decay on the factors, or Frobenius decay of
+their product (PriSM's released code)."""
 
 SBN_NORM = "bn_nostats"
 
@@ -339,6 +355,28 @@ def clip_gradients(model: nn.Module, tau: float) -> Callable[[], None]:
     return before_step
 
 
+def product_frobenius_sq(layer: nn.Module) -> torch.Tensor:
+    """``‖U'_S diag(ω_S) V'_S‖_F²`` of a factorized layer, from the two ``k × k`` Gram matrices
+    (``Σ_ij ω_i ω_j (U'ᵀU')_ij (V'V'ᵀ)_ij``), without forming the ``n × m`` product."""
+    u, v = layer.u, layer.v.reshape(layer.v.shape[0], -1)
+    omega = layer.omega.to(u.dtype)
+    return ((u.T @ u) * (v @ v.T) * torch.outer(omega, omega)).sum()
+
+
+def frobenius_decay_penalty(model: nn.Module, wd: float) -> Callable[[], torch.Tensor]:
+    """Option ``factor_decay="frobenius"``: ``(wd/2) (Σ_layers ‖U'_S diag(ω) V'_S‖_F² + Σ_other ‖θ‖²)`` over
+    ``model``'s factorized layers and every other trainable parameter ``θ`` (whose weight decay it replaces)."""
+    layers = list(factorized_modules(model).values())
+    factor_ids = {id(m.u) for m in layers} | {id(m.v) for m in layers}
+    others = [p for p in model.parameters() if p.requires_grad and id(p) not in factor_ids]
+
+    def penalty() -> torch.Tensor:
+        total = sum(product_frobenius_sq(m) for m in layers) + sum(p.pow(2).sum() for p in others)
+        return 0.5 * wd * total
+
+    return penalty
+
+
 def frobenius_penalty(model: nn.Module, beta: float) -> Callable[[], torch.Tensor]:
     """The regulariser ``(β/2) Σ_layers (‖U'_S‖_F² + ‖V'_S‖_F²)`` over the factorized layers of ``model``."""
     layers = list(factorized_modules(model).values())
@@ -362,7 +400,8 @@ class SpectralSharding(Method):
 
     name = "spectral"
     options: dict = {"strategy": "unbiased", "sampler": "cps", "kappa": None, "tau": 10.0, "frobenius_reg": 0.0,
-                     "schatten_p": 4.0, "sbn": True, "diagnostics": True, "svd_solver": "exact"}
+                     "factor_decay": "weight", "schatten_p": 4.0, "sbn": True, "diagnostics": True,
+                     "svd_solver": "exact"}
     fixed_strategy: ClassVar[str | None] = None
 
     def __init__(self, **options: Any) -> None:
@@ -381,6 +420,9 @@ class SpectralSharding(Method):
         for flag in ("sbn", "diagnostics"):
             if not isinstance(cfg[flag], bool):
                 raise ValueError(f"option {flag}={cfg[flag]!r} is not valid; accepted: True or False")
+        if cfg["factor_decay"] not in FACTOR_DECAYS:
+            raise ValueError(f"option factor_decay={cfg['factor_decay']!r} is not valid; accepted: "
+                             f"{', '.join(FACTOR_DECAYS)}")
         if cfg["svd_solver"] not in SVD_SOLVERS:
             raise ValueError(f"option svd_solver={cfg['svd_solver']!r} is not valid; accepted: "
                              f"{', '.join(SVD_SOLVERS)}")
@@ -442,6 +484,8 @@ class SpectralSharding(Method):
             config = {"train": train, "keep_ratio": r, "norm": state["norm"], "terms": terms,
                       "tau": self.config["tau"] if self.cliplr else None,
                       "frobenius_reg": self.config["frobenius_reg"]}
+            if self.config["factor_decay"] != "weight":
+                config["factor_decay"] = self.config["factor_decay"]
             tasks[profile.client_id] = Task(profile.client_id, round, tensors, config)
         return tasks
 
@@ -556,9 +600,19 @@ class SpectralSharding(Method):
         terms: dict[str, list[int]] = cfg["terms"]
         model = self.client_model(task, ctx).to(ctx.device)
         before_step = clip_gradients(model, float(cfg["tau"])) if cfg.get("tau") else None
+        train = cfg["train"]
+        penalties = []
         beta = float(cfg.get("frobenius_reg") or 0.0)
-        regulariser = frobenius_penalty(model, beta) if beta > 0 else None
-        stats = train_epochs(model, data, cfg["train"], ctx.generator, device=ctx.device, regulariser=regulariser,
+        if beta > 0:
+            penalties.append(frobenius_penalty(model, beta))
+        if cfg.get("factor_decay", "weight") == "frobenius" and train.get("weight_decay"):
+            if train["optimizer"] not in ("sgd", "adam"):
+                raise ValueError(f"option factor_decay='frobenius' replaces the optimiser's coupled weight decay by "
+                                 f"a penalty; accepted optimizers: sgd, adam (got {train['optimizer']!r})")
+            penalties.append(frobenius_decay_penalty(model, float(train["weight_decay"])))
+            train = {**train, "weight_decay": 0.0}
+        regulariser = (lambda: sum(p() for p in penalties)) if penalties else None
+        stats = train_epochs(model, data, train, ctx.generator, device=ctx.device, regulariser=regulariser,
                              before_step=before_step)
         return Update(task.client_id, clone_tensors(model.state_dict()), len(data),
                       {**stats, "keep_ratio": cfg["keep_ratio"], "terms": terms})
@@ -577,5 +631,6 @@ SPECTRAL_METHODS: dict[str, type[SpectralSharding]] = {
     SpectralSharding.name: SpectralSharding, **{s: _strategy_class(s) for s in STRATEGIES}}
 """Method name → class: ``spectral`` and one class per strategy name."""
 
-__all__ = ["BASE_STRATEGIES", "SAMPLERS", "SPECTRAL_METHODS", "STRATEGIES", "SpectralSharding", "TermDesign",
-           "clip_gradients", "frobenius_penalty", "parse_strategy", "term_design"]
+__all__ = ["BASE_STRATEGIES", "FACTOR_DECAYS", "SAMPLERS", "SPECTRAL_METHODS", "STRATEGIES", "SpectralSharding",
+           "TermDesign", "clip_gradients", "frobenius_decay_penalty", "frobenius_penalty", "parse_strategy",
+           "product_frobenius_sq", "term_design"]
