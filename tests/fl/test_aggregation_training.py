@@ -65,3 +65,31 @@ def test_default_loss_scores_every_position_of_a_causal_lm():
     assert torch.allclose(default_loss(logits, x, y), F.cross_entropy(logits.reshape(6, 9), targets.reshape(6)))
     flat = torch.randn(2, 9)
     assert torch.allclose(default_loss(flat, x, y), F.cross_entropy(flat, y))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
+def test_no_weight_decay_leaves_those_parameters_undecayed(optimizer):
+    """One step of a two-layer model with weight decay 0.1: the parameters named in ``no_weight_decay`` move
+    exactly as in a run without weight decay, the others exactly as in a run with it."""
+    import numpy as np
+    from torch import nn
+
+    from subfl.data.base import ArrayData
+    from subfl.fl.training import ClientDataset, train_epochs
+
+    g = torch.Generator().manual_seed(0)
+    data = ClientDataset(ArrayData(torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g)),
+                         np.arange(8))
+    start = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3)).state_dict()
+    config = {"optimizer": optimizer, "lr": 0.1, "momentum": 0.0, "batch_size": 8, "local_steps": 1}
+    trained = {}
+    for label, wd, skip in (("decayed", 0.1, False), ("plain", 0.0, False), ("split", 0.1, True)):
+        model = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3))
+        model.load_state_dict(start)
+        train_epochs(model, data, {**config, "weight_decay": wd}, torch.Generator().manual_seed(1),
+                     no_weight_decay=model[2].parameters() if skip else ())
+        trained[label] = model.state_dict()
+    for key, value in trained["split"].items():
+        reference = trained["plain" if key.startswith("2.") else "decayed"][key]
+        assert torch.allclose(value, reference, atol=1e-7), key
+    assert not torch.allclose(trained["decayed"]["2.weight"], trained["plain"]["2.weight"], atol=1e-5)

@@ -7,7 +7,7 @@ pure function of what it received). ``train_epochs`` runs the loop; ``evaluate``
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -140,17 +140,24 @@ def default_loss(output: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torc
 def train_epochs(model: nn.Module, data: ClientDataset, config: dict[str, Any], generator: torch.Generator,
                  *, device: str | torch.device = "cpu", loss_fn: LossFn | None = None,
                  params=None, regulariser: Callable[[], torch.Tensor] | None = None,
-                 before_step: Callable[[], None] | None = None) -> dict[str, float]:
+                 before_step: Callable[[], None] | None = None,
+                 no_weight_decay: Iterable[torch.Tensor] = ()) -> dict[str, float]:
     """Train ``model`` in place on a client's data for ``local_epochs`` (or ``local_steps``) mini-batches.
 
     ``loss_fn(output, y)`` replaces :func:`default_loss`; ``params`` restricts the optimised parameters (default:
     every parameter that requires grad);
-    ``regulariser`` adds a penalty to each mini-batch loss; ``before_step`` may edit gradients (e.g. clipped
-    learning rates). Returns ``{"loss": mean training loss, "steps": mini-batches}``.
+    ``regulariser`` adds a penalty to each mini-batch loss (included in the returned loss); ``before_step`` may
+    edit gradients (e.g. clipped learning rates); ``no_weight_decay``: parameters the optimiser does not decay
+    (a second parameter group with weight decay 0; the others keep ``config["weight_decay"]``). Returns
+    ``{"loss": mean training loss, "steps": mini-batches}``.
     """
     model.train()
     params = [p for p in (model.parameters() if params is None else params) if p.requires_grad]
-    optimizer = make_optimizer(params, config)
+    undecayed = {id(p) for p in no_weight_decay}
+    groups = params if not undecayed else [
+        {"params": [p for p in params if id(p) not in undecayed]},
+        {"params": [p for p in params if id(p) in undecayed], "weight_decay": 0.0}]
+    optimizer = make_optimizer(groups, config)
     batch_size = int(config["batch_size"])
     max_steps = config.get("local_steps")
     epochs = int(config.get("local_epochs", 1)) if max_steps is None else math.inf

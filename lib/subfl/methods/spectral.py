@@ -99,8 +99,8 @@ Other options
   (gradient ``wd·u'``, ``wd·v'``). ``"frobenius"``: *Frobenius decay* of the layer the client computes, as
   PriSM's released code does it (``utils/frob.py`` of github.com/yuehniu/modeldecomp-fl: no weight decay on the
   factors, and the gradient of ``(wd/2) ‖U'_S V'_S‖_F²`` added to theirs, with the same coefficient ``wd``): the
-  penalty ``(wd/2) Σ_layers ‖U'_S diag(ω_S) V'_S‖_F²`` plus ``(wd/2) ‖θ‖²`` for every other parameter ``θ``,
-  with the optimiser's own weight decay set to 0 (for SGD and Adam the same update as their coupled decay). It
+  factors are left out of the optimiser's weight decay (``train_epochs(no_weight_decay=...)``; every other
+  parameter keeps it) and the penalty ``(wd/2) Σ_layers ‖U'_S diag(ω_S) V'_S‖_F²`` is added to the loss. It
   penalises the product, not the factors: it leaves the split of each term between ``u'_i`` and ``v'_i`` free,
   and decays a term in proportion to its share of the layer. With ``ω = 1`` (PriSM) it is the released code's
   decay; this module includes ``ω`` so that the decayed matrix is the one the sub-model applies
@@ -364,15 +364,12 @@ def product_frobenius_sq(layer: nn.Module) -> torch.Tensor:
 
 
 def frobenius_decay_penalty(model: nn.Module, wd: float) -> Callable[[], torch.Tensor]:
-    """Option ``factor_decay="frobenius"``: ``(wd/2) (Σ_layers ‖U'_S diag(ω) V'_S‖_F² + Σ_other ‖θ‖²)`` over
-    ``model``'s factorized layers and every other trainable parameter ``θ`` (whose weight decay it replaces)."""
+    """Option ``factor_decay="frobenius"``: ``(wd/2) Σ_layers ‖U'_S diag(ω) V'_S‖_F²`` over ``model``'s factorized
+    layers (their factors are then left out of the optimiser's weight decay)."""
     layers = list(factorized_modules(model).values())
-    factor_ids = {id(m.u) for m in layers} | {id(m.v) for m in layers}
-    others = [p for p in model.parameters() if p.requires_grad and id(p) not in factor_ids]
 
     def penalty() -> torch.Tensor:
-        total = sum(product_frobenius_sq(m) for m in layers) + sum(p.pow(2).sum() for p in others)
-        return 0.5 * wd * total
+        return 0.5 * wd * sum(product_frobenius_sq(m) for m in layers)
 
     return penalty
 
@@ -484,7 +481,7 @@ class SpectralSharding(Method):
             config = {"train": train, "keep_ratio": r, "norm": state["norm"], "terms": terms,
                       "tau": self.config["tau"] if self.cliplr else None,
                       "frobenius_reg": self.config["frobenius_reg"]}
-            if self.config["factor_decay"] != "weight":
+            if self.config["factor_decay"] != "weight":  # the default leaves the task (and its bytes) as before
                 config["factor_decay"] = self.config["factor_decay"]
             tasks[profile.client_id] = Task(profile.client_id, round, tensors, config)
         return tasks
@@ -600,20 +597,17 @@ class SpectralSharding(Method):
         terms: dict[str, list[int]] = cfg["terms"]
         model = self.client_model(task, ctx).to(ctx.device)
         before_step = clip_gradients(model, float(cfg["tau"])) if cfg.get("tau") else None
-        train = cfg["train"]
-        penalties = []
+        penalties, undecayed = [], []
         beta = float(cfg.get("frobenius_reg") or 0.0)
         if beta > 0:
             penalties.append(frobenius_penalty(model, beta))
-        if cfg.get("factor_decay", "weight") == "frobenius" and train.get("weight_decay"):
-            if train["optimizer"] not in ("sgd", "adam"):
-                raise ValueError(f"option factor_decay='frobenius' replaces the optimiser's coupled weight decay by "
-                                 f"a penalty; accepted optimizers: sgd, adam (got {train['optimizer']!r})")
-            penalties.append(frobenius_decay_penalty(model, float(train["weight_decay"])))
-            train = {**train, "weight_decay": 0.0}
+        wd = float(cfg["train"].get("weight_decay") or 0.0)
+        if cfg.get("factor_decay", "weight") == "frobenius" and wd > 0:
+            penalties.append(frobenius_decay_penalty(model, wd))
+            undecayed = [p for m in factorized_modules(model).values() for p in (m.u, m.v)]
         regulariser = (lambda: sum(p() for p in penalties)) if penalties else None
-        stats = train_epochs(model, data, train, ctx.generator, device=ctx.device, regulariser=regulariser,
-                             before_step=before_step)
+        stats = train_epochs(model, data, cfg["train"], ctx.generator, device=ctx.device, regulariser=regulariser,
+                             before_step=before_step, no_weight_decay=undecayed)
         return Update(task.client_id, clone_tensors(model.state_dict()), len(data),
                       {**stats, "keep_ratio": cfg["keep_ratio"], "terms": terms})
 
