@@ -1,9 +1,13 @@
 import math
 
+import numpy as np
 import pytest
 import torch
+from torch import nn
 
+from subfl.data.base import ArrayData
 from subfl.fl import LocalTraining, weighted_average
+from subfl.fl.training import ClientDataset, train_epochs
 
 
 def test_weighted_average_uses_sample_counts():
@@ -71,12 +75,6 @@ def test_default_loss_scores_every_position_of_a_causal_lm():
 def test_no_weight_decay_leaves_those_parameters_undecayed(optimizer):
     """One step of a two-layer model with weight decay 0.1: the parameters named in ``no_weight_decay`` move
     exactly as in a run without weight decay, the others exactly as in a run with it."""
-    import numpy as np
-    from torch import nn
-
-    from subfl.data.base import ArrayData
-    from subfl.fl.training import ClientDataset, train_epochs
-
     g = torch.Generator().manual_seed(0)
     data = ClientDataset(ArrayData(torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g)),
                          np.arange(8))
