@@ -105,6 +105,19 @@ def test_factor_decay_configs_share_the_weight_decay_runs():
     with pytest.raises(ValueError, match="factor_decay='l2' is not valid; accepted: weight, frobenius"):
         prism_factor_decay_config("prism", "l2")
 
+def test_spectral_resnet_config_changes_only_the_model_of_the_training_table_run():
+    from subfl.experiments.catalog import SPECTRAL_LOW_LR, spectral_config, spectral_resnet_config
+    for scale, width, rounds in (("ci", 0.125, None), ("cpu", 0.25, 20), ("paper", 1.0, None)):
+        config = spectral_resnet_config("topn", scale=scale, seed=1)
+        table_run = spectral_config("topn", "r0.2", scale=scale, seed=1, lr=SPECTRAL_LOW_LR)
+        assert (config.model, config.width) == ("resnet18", width)
+        assert config.rounds == (rounds or table_run.rounds)
+        assert config.replace(model=table_run.model, width=table_run.width, rounds=table_run.rounds) == table_run
+    assert spectral_resnet_config("fedavg").heterogeneity == "1.0"  # the reference trains the full model
+    with pytest.raises(ValueError, match="scale='gpu' is not valid; accepted: ci, cpu, paper"):
+        spectral_resnet_config("prism", scale="gpu")
+
+
 @pytest.fixture(scope="module")
 def heterofl_run(tmp_path_factory):
     cfg = make_config("heterofl", "digits", "mlp", scale="ci", heterogeneity="0.5:0.5,1.0:0.5", rounds=2,

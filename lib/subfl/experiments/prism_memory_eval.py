@@ -23,11 +23,9 @@ from collections.abc import Callable
 
 import torch
 
-from ..metrics.fairness import model_predictions
-from ..models.factorized import layer_specs
 from ..sampling import keep_count
-from .analysis import final_models
-from .runner import RunResult, prepare_data
+from .runner import RunResult
+from .submodel_eval import edited_accuracy
 
 def _run_output_keep(result: RunResult) -> float:
     config = result.config
@@ -58,15 +56,7 @@ def _output_rows(result: RunResult) -> str:
 def _scores(result: RunResult, q: float, edit: Callable[[torch.Tensor, int], None],
             data_root: str | None) -> tuple[float, float]:
     """Accuracy of the final global model as evaluated, and after ``edit(weight, o)`` of every decomposed layer."""
-    model = final_models(result, data_root)["global"]
-    test = prepare_data(result.config, data_root)[1]
-    preds, truth = model_predictions(model, test)
-    dense = float((preds == truth).mean())
-    with torch.no_grad():
-        for name, spec in layer_specs(model).items():
-            edit(model.get_submodule(name).weight, keep_count(spec.out_features, q))
-    preds, truth = model_predictions(model, test)
-    return dense, float((preds == truth).mean())
+    return edited_accuracy(result, lambda name, weight: edit(weight, keep_count(weight.shape[0], q)), data_root)
 
 
 def leading_outputs_accuracy(result: RunResult, output_keep: float | None = None,
