@@ -13,6 +13,7 @@ from .width import FedRolex, FjORD, HeteroFL
 from .origdrop import OrigDrop
 from .spectral import SPECTRAL_METHODS
 from .prism_memory import MemoryEfficientPriSM
+from .prism_sigma import PriSMTrainedSigma
 from .flanc import FLANC
 from .fedp3 import FEDP3_METHODS
 from .fedp3_blocks import FedP3BlockAblation
@@ -31,6 +32,7 @@ METHODS: dict[str, type[Method]] = {
     SplitMix.name: SplitMix,  # PriSM's ensemble baseline (methods/splitmix.py)
     **SPECTRAL_METHODS,  # spectral, topn, prism, prism+scaled, unbiased, collective, ... (methods/spectral.py)
     MemoryEfficientPriSM.name: MemoryEfficientPriSM,  # prism+memory: PriSM's Eq. 5 (methods/prism_memory.py)
+    PriSMTrainedSigma.name: PriSMTrainedSigma,  # prism+sigma: σ trained on the client (methods/prism_sigma.py)
     FLANC.name: FLANC,
     **FEDP3_METHODS,  # fedp3, lowerb, opu2, opu3, opu123, opu23 (methods/fedp3.py)
     FedP3BlockAblation.name: FedP3BlockAblation,  # FedP3's ResNet-18 block ablation (methods/fedp3_blocks.py)
