@@ -461,14 +461,15 @@ def _evaluation_models(result: RunResult, dataset) -> dict[str, torch.nn.Module]
     return method.evaluation_models(result.state(), _server_context(result.config, dataset))
 
 
-def final_models(result: RunResult, data_root: str | None = None) -> dict[str, torch.nn.Module]:
+def final_models(result: RunResult, data_root: str | None = None, *, dataset=None) -> dict[str, torch.nn.Module]:
     """The models a finished run is evaluated with (its method's ``evaluation_models`` of the saved final server
-    state, ``{"global": …, group: …}``), rebuilt on the CPU. A diverged run raises ``ValueError``."""
+    state, ``{"global": …, group: …}``), rebuilt on the CPU. ``dataset``: the run's ``prepare_data(config)[0]``
+    when the caller has it already (else it is loaded). A diverged run raises ``ValueError``."""
     from .runner import prepare_data
 
     if result.diverged:
         raise ValueError(f"run {result.config.label()} diverged; its final model is not a result")
-    return _evaluation_models(result, prepare_data(result.config, data_root)[0])
+    return _evaluation_models(result, prepare_data(result.config, data_root)[0] if dataset is None else dataset)
 
 
 def group_members(config: ExperimentConfig, groups: Sequence[str]) -> list[int]:

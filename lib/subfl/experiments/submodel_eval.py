@@ -30,8 +30,8 @@ def edited_accuracy(result: RunResult, edit: WeightEdit, data_root: str | None =
     """``(accuracy, edited accuracy)`` of a finished run's final global model on its test set: as the run evaluates
     it, and after ``edit(name, weight)`` of every decomposed layer (biases and other layers unchanged). A diverged
     run raises ``ValueError`` (:func:`~subfl.experiments.analysis.final_models`)."""
-    model = final_models(result, data_root)["global"]
-    test = prepare_data(result.config, data_root)[1]
+    dataset, test, _ = prepare_data(result.config, data_root)
+    model = final_models(result, dataset=dataset)["global"]
     preds, truth = model_predictions(model, test)
     dense = float((preds == truth).mean())
     with torch.no_grad():

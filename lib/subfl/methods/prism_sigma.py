@@ -15,7 +15,7 @@ On the client, for every factorized layer with terms S:
    :mod:`torch.nn.utils.parametrize` parametrization of ``u``: the layer computes with ``u · diag(σ)``, so its
    function, U diag(σ) diag(ω) V, is unchanged by the split.
 2. **Train** as ``prism`` does (the optimiser's weight decay acts on u, v and σ alike).
-3. **Merge** (:func:`merge_singular_values`): u′ᵢ = sign(σᵢ)·√|σᵢ|·uᵢ, v′ᵢ = √|σᵢ|·vᵢ, which keeps the product
+3. **Merge** (:func:`merged_state`, on the uploaded state): u′ᵢ = sign(σᵢ)·√|σᵢ|·uᵢ, v′ᵢ = √|σᵢ|·vᵢ, which keeps the product
    u′ᵢ v′ᵢᵀ = σᵢ uᵢ vᵢᵀ and splits its scale evenly, the library's √λ convention. The update then holds ``u`` and
    ``v`` like a ``prism`` update and the server handles it unchanged.
 
@@ -51,11 +51,9 @@ class ScaledColumns(nn.Module):
         return u * self.sigma
 
 
-def _term_norms(u: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(‖u′ᵢ‖, ‖v′ᵢ‖)`` of every term (columns of ``u``, rows of ``v``), zeros replaced by 1 for division."""
-    nu = u.norm(dim=0)
-    nv = v.reshape(v.shape[0], -1).norm(dim=1)
-    return torch.where(nu > 0, nu, torch.ones_like(nu)), torch.where(nv > 0, nv, torch.ones_like(nv))
+def _per_term(scale: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``scale`` (one value per term) shaped to multiply ``v`` (terms first, any trailing shape)."""
+    return scale.view(-1, *([1] * (v.dim() - 1)))
 
 
 def split_singular_values(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -67,10 +65,10 @@ def split_singular_values(model: nn.Module) -> dict[str, torch.Tensor]:
         if parametrize.is_parametrized(m, "u"):
             raise ValueError(f"layer {name!r} already trains its singular values")
         with torch.no_grad():
-            nu, nv = _term_norms(m.u, m.v)
-            sigma = (m.u.norm(dim=0) * m.v.reshape(m.rank, -1).norm(dim=1))
-            m.u.div_(nu)
-            m.v.div_(nv.view(-1, *([1] * (m.v.dim() - 1))))
+            nu, nv = m.u.norm(dim=0), m.v.reshape(m.rank, -1).norm(dim=1)
+            sigma = nu * nv
+            m.u.div_(torch.where(nu > 0, nu, torch.ones_like(nu)))  # a zero vector stays zero (σᵢ = 0)
+            m.v.div_(_per_term(torch.where(nv > 0, nv, torch.ones_like(nv)), m.v))
         parametrize.register_parametrization(m, "u", ScaledColumns(sigma))
         sigmas[name] = sigma.clone()
     return sigmas
@@ -80,35 +78,17 @@ _ORIGINAL = ".parametrizations.u.original"
 _SIGMA = ".parametrizations.u.0.sigma"
 
 
-def _merged(u: torch.Tensor, sigma: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(u′, v′)`` with u′ᵢ = sign(σᵢ)√|σᵢ| uᵢ and v′ᵢ = √|σᵢ| vᵢ (``v`` of any shape with terms first)."""
-    root = sigma.abs().sqrt()
-    return u * (torch.sign(sigma) * root), v * root.view(-1, *([1] * (v.dim() - 1)))
-
-
-def merge_singular_values(model: nn.Module) -> None:
-    """Fold every factorized layer's trained ``σ`` back into ``u``, ``v`` (module docstring, step 3), in place; the
-    layers are plain factorized layers again and compute the same function (to float rounding)."""
-    for name, m in factorized_modules(model).items():
-        if not parametrize.is_parametrized(m, "u"):
-            raise ValueError(f"layer {name!r} has no trainable singular values to merge")
-        sigma = m.parametrizations.u[0].sigma.detach()
-        parametrize.remove_parametrizations(m, "u", leave_parametrized=False)
-        with torch.no_grad():
-            u, v = _merged(m.u, sigma, m.v)
-            m.u.copy_(u)
-            m.v.copy_(v)
-
-
 def merged_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The state dict of a split model (:func:`split_singular_values`) with ``σ`` merged (as
-    :func:`merge_singular_values`): each ``<layer>.parametrizations.u.original`` / ``…u.0.sigma`` pair and
-    ``<layer>.v`` become ``<layer>.u`` and ``<layer>.v``; every other tensor is passed through."""
+    """The state dict of a split model (:func:`split_singular_values`) with ``σ`` merged (module docstring, step
+    3): each ``<layer>.parametrizations.u.original`` / ``…u.0.sigma`` pair and ``<layer>.v`` become
+    ``<layer>.u`` = sign(σ)√|σ|·u and ``<layer>.v`` = √|σ|·v; every other tensor is passed through."""
     layers = [k[: -len(_ORIGINAL)] for k in tensors if k.endswith(_ORIGINAL)]
     out = {k: t for k, t in tensors.items() if ".parametrizations.u." not in k}
     for name in layers:
-        out[f"{name}.u"], out[f"{name}.v"] = _merged(tensors[name + _ORIGINAL], tensors[name + _SIGMA],
-                                                     tensors[f"{name}.v"])
+        sigma, v = tensors[name + _SIGMA], tensors[f"{name}.v"]
+        root = sigma.abs().sqrt()
+        out[f"{name}.u"] = tensors[name + _ORIGINAL] * (torch.sign(sigma) * root)
+        out[f"{name}.v"] = v * _per_term(root, v)
     return out
 
 
@@ -138,4 +118,4 @@ class PriSMTrainedSigma(SpectralSharding):
         return replace(update, tensors=merged_state(update.tensors))
 
 
-__all__ = ["PriSMTrainedSigma", "ScaledColumns", "merge_singular_values", "merged_state", "split_singular_values"]
+__all__ = ["PriSMTrainedSigma", "ScaledColumns", "merged_state", "split_singular_values"]
