@@ -39,6 +39,10 @@ BUILTIN_DATASETS: tuple[str, ...] = ("fmnist", "cifar10", "femnist", "shakespear
 DATASETS: tuple[str, ...] = BUILTIN_DATASETS + tuple(EXTERNAL_DATASETS)
 """Names accepted by :func:`load_dataset`: the built-in ones and those of :mod:`subfl.data.names`."""
 
+BUILTIN_VERSIONS: MappingProxyType = MappingProxyType({name: 1 for name in BUILTIN_DATASETS})
+"""Version of each built-in loader: bumped whenever it gives different samples for the same options (part of every
+run key, :mod:`subfl.experiments.provenance`; the external datasets carry theirs in :mod:`subfl.data.names`)."""
+
 TEXT_CORPORA: tuple[str, ...] = ("tinyshakespeare", "english_corpus")
 """Names accepted by :func:`load_text`."""
 
@@ -74,6 +78,15 @@ _OPTIONS: MappingProxyType = MappingProxyType({
 # ------------------------------------------------------------------------------------------------
 # public entry points
 # ------------------------------------------------------------------------------------------------
+def dataset_version(name: str) -> int:
+    """The version of the loader of ``name`` (one of :data:`DATASETS`)."""
+    if name in BUILTIN_VERSIONS:
+        return BUILTIN_VERSIONS[name]
+    if name in EXTERNAL_DATASETS:
+        return EXTERNAL_DATASETS[name].version
+    raise ValueError(f"name must be one of {DATASETS}, got {name!r}")
+
+
 def load_dataset(name: str, data_root: str | os.PathLike | None = None, *, download: bool = False,
                  verify: bool = True, **options: Any) -> FederatedDataset:
     """Load the dataset ``name`` (one of :data:`DATASETS`) as a :class:`FederatedDataset`.

@@ -1,9 +1,8 @@
 """Datasets whose loaders live outside :mod:`subfl.data.datasets` (data only).
 
 Each entry names its loader by import path (``"module:function"``), resolved when the dataset is loaded, its
-options with their defaults, and a description. The result cache treats this table as a registry (like the
-model table :mod:`subfl.models.names`): a run's key covers the module of *its* dataset's loader, so adding a
-dataset here does not invalidate other results. A loader is called as
+options with their defaults, and a description. A run's key covers the ``version`` of *its* dataset's
+entry (:mod:`subfl.experiments.provenance`), so adding a dataset here re-keys no other run. A loader is called as
 ``loader(data_root: pathlib.Path, verify: bool, **options)`` and returns a
 :class:`~subfl.data.base.FederatedDataset`.
 """
@@ -22,6 +21,8 @@ class ExternalDataset:
     loader: str
     options: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     description: str = ""
+    version: int = 1
+    """Bumped whenever the loader gives different samples for the same options; part of every run key."""
 
     @property
     def module(self) -> str:

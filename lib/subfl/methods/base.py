@@ -71,6 +71,12 @@ class Method:
 
     name: ClassVar[str] = "method"
     options: ClassVar[dict[str, Any]] = {}
+    version: ClassVar[int] = 1
+    """Bumped whenever the method computes something different from the same inputs (part of every run key,
+    :mod:`subfl.experiments.provenance`; its golden runs in ``tests/golden`` enforce it)."""
+    option_versions: ClassVar[dict[str, int]] = {}
+    """Versions of behaviour-changing options: a run that sets one away from its default carries its version too, so
+    changing what ``factor_decay='frobenius'`` does re-keys only the runs that use it."""
 
     def __init__(self, **options: Any) -> None:
         unknown = sorted(set(options) - set(self.options))
@@ -78,6 +84,16 @@ class Method:
             accepted = ", ".join(sorted(self.options)) or "none"
             raise ValueError(f"unknown option(s) {unknown} for method {self.name!r}; accepted: {accepted}")
         self.config = {**self.options, **options}
+
+    @classmethod
+    def behaviour_versions(cls, options: Mapping[str, Any]) -> dict[str, int]:
+        """``{"method:<name>": version}`` plus ``"method:<name>.<option>"`` for each option of
+        :attr:`option_versions` that ``options`` sets away from its default."""
+        versions = {f"method:{cls.name}": cls.version}
+        for option, version in cls.option_versions.items():
+            if option in options and options[option] != cls.options.get(option):
+                versions[f"method:{cls.name}.{option}"] = version
+        return versions
 
     # ----- server side -------------------------------------------------------------------------------
     def init(self, ctx: ServerContext) -> ServerState:

@@ -1,8 +1,8 @@
 """The table of model names :func:`~subfl.models.registry.build_model` accepts (data only).
 
-Each entry names its class by import path (``"module:attribute"``), resolved when the model is built. The
-result cache (:mod:`subfl.experiments.cache`) treats this table as a registry: a run's key covers the module of
-*its* model and its entry here, not the other entries, so adding a model does not invalidate other results.
+Each entry names its class by import path (``"module:attribute"``), resolved when the model is built. A run's
+key covers the ``version`` of *its* model's entry (:mod:`subfl.experiments.provenance`), so adding a model, or
+editing one, re-keys no other run.
 """
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ class ModelSpec:
     default_norm: str
     options: tuple[str, ...] = ()
     description: str = ""
+    version: int = 1
+    """Bumped whenever the model computes something different for the same arguments and initial seed (the
+    architecture, its initialisation or its defaults); part of every run key (:mod:`subfl.experiments.provenance`)."""
 
     @property
     def module(self) -> str:

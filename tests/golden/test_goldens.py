@@ -1,0 +1,52 @@
+"""Golden runs pin every version to a behaviour (see ``cases.py``)."""
+from __future__ import annotations
+
+import collections
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from cases import CASES, EQUIVALENT, case_config, recorded, run_case  # noqa: E402
+
+from subfl.experiments.provenance import run_versions  # noqa: E402
+from subfl.methods import METHODS  # noqa: E402
+
+GOLDENS = recorded()
+RERECORD = "re-record it with `python tests/golden/cases.py --record {case}`"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_golden_run_matches_its_record(case):
+    assert case in GOLDENS, f"golden {case!r} is not recorded: " + RERECORD.format(case=case)
+    versions = run_versions(case_config(case))
+    assert GOLDENS[case]["versions"] == versions, (
+        f"a version used by {case!r} moved ({GOLDENS[case]['versions']} recorded, {versions} now): "
+        + RERECORD.format(case=case))
+    now = run_case(case)
+    assert now["history"] == GOLDENS[case]["history"] and now["state"] == GOLDENS[case]["state"], (
+        f"{case!r} computes something different while no version it uses moved: bump the version of what changed "
+        f"(the engine, the data pipeline, the method or one of its options, the model, the dataset), then "
+        + RERECORD.format(case=case))
+
+
+def test_every_registered_method_has_a_golden_run():
+    covered = {args["method"] for args in CASES.values()}
+    assert set(METHODS) <= covered, f"no golden run for {sorted(set(METHODS) - covered)}"
+
+
+def test_only_declared_equivalences_share_a_digest():
+    groups = collections.defaultdict(set)
+    for case, golden in GOLDENS.items():
+        groups[golden["history"], golden["state"]].add(case)
+    undeclared = [sorted(g) for g in groups.values()
+                  if len(g) > 1 and len({EQUIVALENT.get(c, c) for c in g}) > 1]
+    assert not undeclared, f"these cases give identical runs without a declared equivalence: {undeclared}"
+    for case, same_as in EQUIVALENT.items():
+        assert (GOLDENS[case]["history"], GOLDENS[case]["state"]) == \
+            (GOLDENS[same_as]["history"], GOLDENS[same_as]["state"]), f"{case!r} is declared equal to {same_as!r}"
+
+
+def test_no_recorded_golden_is_left_without_a_case():
+    assert set(GOLDENS) <= set(CASES), f"recorded goldens without a case: {sorted(set(GOLDENS) - set(CASES))}"
