@@ -24,10 +24,10 @@ fmnist:
 setup: $(VENV)/.installed fmnist
 
 book: setup
-	$(VENV)/bin/subfl book --scale cpu
+	$(VENV)/bin/subfl-book --scale cpu
 
 status: setup
-	$(VENV)/bin/subfl book --status
+	$(VENV)/bin/subfl-book --status
 
 test: setup
 	SUBFL_SCALE=ci $(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider -q

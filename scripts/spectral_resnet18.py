@@ -1,7 +1,7 @@
 """Spectral sharding Table 1 at keep ratio 0.2 with the papers' model, ResNet-18 at full width, on a GPU.
 
 The book's spectral pages run the FedAvg CNN on two CPU cores; this script runs the same setting
-(:func:`subfl.experiments.catalog.spectral_config`, keep ratio 0.2: CIFAR-10 20k subset, Dirichlet(0.1) over 20
+(:func:`subfl_book.catalog.spectral_config`, keep ratio 0.2: CIFAR-10 20k subset, Dirichlet(0.1) over 20
 clients, 10 per round, 2 local epochs, SGD momentum 0.9, cosine schedule) with ResNet-18 (width 1.0) instead,
 one process per row, all sharing one accelerator. Every run is an ordinary :func:`run_experiment` on
 ``device``; a run still going at ``--minutes`` is stopped and recorded with the rounds it completed (from its
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from subfl.experiments import RunResult, run_experiment
-from subfl.experiments.catalog import SPECTRAL_LOW_LR, spectral_config
+from subfl_book.catalog import SPECTRAL_LOW_LR, spectral_config
 from subfl.fl.engine import CHECKPOINT_NAME
 from subfl.fl.ledger import Ledger
 

@@ -1,18 +1,27 @@
-"""Shared test settings: quiet progress bars, an isolated result cache, the data root."""
+"""Shared test settings: quiet progress bars, an isolated run cache, run store and work folder, the data root."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
 os.environ.setdefault("TQDM_DISABLE", "1")
+# Notebook kernels started by nbval inherit these: no test run writes into the repository's store.
+for _name, _prefix in (("SUBFL_STORE_DIR", "store"), ("SUBFL_WORK_DIR", "work"), ("SUBFL_CACHE_DIR", "cache"),
+                       ("SUBFL_ARTIFACTS_DIR", "artifacts")):
+    os.environ.setdefault(_name, tempfile.mkdtemp(prefix=f"subfl-test-{_prefix}-"))
 
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
+    """No test reads or writes this machine's run cache or the repository's run store."""
     monkeypatch.setenv("SUBFL_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.setenv("SUBFL_ARTIFACTS_DIR", str(tmp_path_factory.mktemp("artifacts")))
+    monkeypatch.setenv("SUBFL_STORE_DIR", str(tmp_path_factory.mktemp("store")))
+    monkeypatch.setenv("SUBFL_WORK_DIR", str(tmp_path_factory.mktemp("work")))
 
 
 def data_root() -> Path | None:

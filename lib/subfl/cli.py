@@ -1,4 +1,5 @@
-"""Command line: ``subfl run ...`` runs one experiment, ``subfl book ...`` executes notebooks and builds the site."""
+"""Command line: ``subfl run ...`` runs one experiment, ``subfl list`` names what can be run (the book has its own
+command, ``subfl-book``)."""
 from __future__ import annotations
 
 import argparse
@@ -62,34 +63,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_book(args: argparse.Namespace) -> int:
-    from . import book
-
-    if args.acknowledge:
-        if not args.reason:
-            raise SystemExit("--acknowledge needs --reason: why the change cannot alter the pages' numbers")
-        for notebook in book.acknowledge_change(args.acknowledge, args.reason, scale=args.scale):
-            print(f"acknowledged {notebook}")
-        return 0
-    if args.prose:
-        if not args.reason:
-            raise SystemExit("--prose needs --reason: what the text change corrects")
-        try:
-            cells = book.update_prose(args.prose, args.reason, scale=args.scale)
-        except ValueError as err:
-            raise SystemExit(str(err)) from None
-        print(f"{args.prose}: markdown cell(s) {cells} carried into the executed copy")
-        return 0
-    if args.status:
-        for row in book.status(scale=args.scale):
-            print(f"{row.state:8s} {row.notebook}  ({row.reason})")
-        return 0
-    book.execute(scale=args.scale, only=args.only, force=args.force, jobs=args.jobs)
-    if not args.no_build:
-        book.build_site()
-    return 0
-
-
 def _cmd_list(args: argparse.Namespace) -> int:
     from .data import DATASETS, PARTITIONS
     from .experiments import SCALES
@@ -122,22 +95,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cache", action="store_true", help="reuse an identical finished run from the cache")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=_cmd_run)
-    bk = sub.add_parser("book", help="execute stale notebooks with papermill and build the site")
-    bk.add_argument("--scale", default="cpu")
-    bk.add_argument("--only", default=None, help="only this chapter (folder under notebooks/)")
-    bk.add_argument("--force", action="store_true", help="re-execute even fresh notebooks")
-    bk.add_argument("--status", action="store_true", help="list which executed notebooks are stale")
-    bk.add_argument("--no-build", action="store_true", help="execute notebooks but do not build the site")
-    bk.add_argument("--jobs", type=int, default=1, help="notebooks executed at a time (default 1)")
-    bk.add_argument("--acknowledge", nargs="+", metavar="FILE", default=None,
-                    help="package files (e.g. fl/training.py) whose change cannot alter the executed pages: mark "
-                         "the pages stale only through them fresh, recording --reason (book.acknowledge_change)")
-    bk.add_argument("--prose", metavar="NOTEBOOK", default=None,
-                    help="a notebook whose markdown alone was edited: carry the text into its executed copy without "
-                         "re-executing it, recording --reason (book.update_prose)")
-    bk.add_argument("--reason", default=None, help="with --acknowledge: how the change was shown not to alter them; "
-                                                   "with --prose: what the text change corrects")
-    bk.set_defaults(func=_cmd_book)
     ls = sub.add_parser("list", help="list methods, datasets, models, partitions and scales")
     ls.set_defaults(func=_cmd_list)
     return parser

@@ -48,7 +48,7 @@ def test_presets_change_sizes_not_algorithm():
 
 
 def test_fedavg_reference_catalog():
-    from subfl.experiments.catalog import fedavg_reference
+    from subfl_book.catalog import fedavg_reference
 
     cpu = fedavg_reference("cifar10", "dirichlet", 0.1, scale="cpu", seed=1)
     assert (cpu.model, cpu.width, cpu.rounds, cpu.num_clients, cpu.alpha, cpu.seed) == ("cnn", 1.0, 40, 20, 0.1, 1)

@@ -76,7 +76,7 @@ def test_fedavg_learns_digits(tmp_path):
 def test_summary_fields(tmp_path):
     res = run_experiment(_cfg(), tmp_path / "s", cache=False)
     s = json.loads((tmp_path / "s/summary.json").read_text())
-    for key in ("final_accuracy", "wall_time_s", "upload_bytes", "download_bytes", "config", "code_fingerprint"):
+    for key in ("final_accuracy", "wall_time_s", "upload_bytes", "download_bytes", "config", "canonical_config", "versions", "environment", "run_key"):
         assert key in s
     assert s["rounds"] == 4 and s["client_samples"]["total"] == res.summary["client_samples"]["total"]
     t = pd.read_csv(tmp_path / "s/timings.csv")

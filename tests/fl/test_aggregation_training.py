@@ -45,7 +45,7 @@ def test_training_settings_validation(kwargs, name):
 
 
 def test_server_context_numbers_rounds_from_one():
-    from subfl.methods.base import ServerContext
+    from subfl.fl.method import ServerContext
 
     ctx = ServerContext(model_fn=lambda: None, training=LocalTraining(lr=0.1, lr_schedule="cosine"), rounds=11,
                         seed=0, num_classes=10, input_shape=(1, 8, 8))

@@ -1,6 +1,6 @@
 """CAFF (subfl.methods.caff): Eqs. (2)-(5) on hand-made tables, the method in the engine, its ledger; and the
 pieces it is fed with — the SentencePiece tokenizer (subfl.data.tokenizer) and pretraining
-(subfl.experiments.pretraining) — at their smallest sizes."""
+(subfl.pretraining) — at their smallest sizes."""
 from __future__ import annotations
 
 import shutil
@@ -15,7 +15,7 @@ from subfl.fl.engine import EngineSettings, run_simulation
 from subfl.fl.profiles import Heterogeneity
 from subfl.fl.training import LocalTraining
 from subfl.fl.types import ClientProfile, Update
-from subfl.methods.base import ServerContext
+from subfl.fl.method import ServerContext
 from subfl.methods.caff import (CAFF, DeviceBudget, binding_constraints, feasible_architectures, freeze_rows,
                                 layerwise_average, select_architecture, trainable_layers)
 from subfl.models.transformers import TinyGPT
@@ -254,7 +254,7 @@ def test_tokenizer_trains_offline_and_is_cached():
 
 def test_pretraining_ci_is_cached():
     _needs("english_corpus_pd.txt.gz")
-    from subfl.experiments.pretraining import pretrain, pretrain_summary, pretrained_dir, preset
+    from subfl.pretraining import pretrain, pretrain_summary, pretrained_dir, preset
 
     config = preset("lm", "ci", steps=2, tokenizer_max_chars=100_000, vocab_size=400)
     assert pretrain_summary(config) is None
@@ -271,7 +271,7 @@ def test_pretraining_ci_is_cached():
 
 def test_vit_pipeline_pretrained_on_disjoint_cifar10_classes():
     _needs("cifar10_train.npz", "cifar10_test.npz")
-    from subfl.experiments.pretraining import (DOWNSTREAM_CLASSES, PRETRAIN_CLASSES, cifar10_classes,
+    from subfl.pretraining import (DOWNSTREAM_CLASSES, PRETRAIN_CLASSES, cifar10_classes,
                                                pretrain_summary, preset)
     from subfl.models.transformers import tiny_vit
 

@@ -13,7 +13,7 @@ from subfl.experiments import make_config, run_experiment
 from subfl.fl.training import ClientDataset, LocalTraining
 from subfl.fl.types import ClientProfile, Update
 from subfl.methods import METHODS, make_method
-from subfl.methods.base import ClientContext, ServerContext
+from subfl.fl.method import ClientContext, ServerContext
 from subfl.methods.fedp3 import (FEDP3_PRESETS, _LocalPruning, decode_pruned, encode_pruned, group_name, kept_count, kept_units,
                                  layer_units, magnitude_mask, model_layers)
 from subfl.models import build_model

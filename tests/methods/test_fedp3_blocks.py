@@ -9,7 +9,7 @@ from subfl.data.base import ArrayData
 from subfl.fl.training import ClientDataset, LocalTraining
 from subfl.fl.types import ClientProfile
 from subfl.methods import make_method
-from subfl.methods.base import ClientContext, ServerContext
+from subfl.fl.method import ClientContext, ServerContext
 from subfl.methods.fedp3 import magnitude_mask
 from subfl.methods.fedp3_blocks import matches_unit
 from .helpers import Factory

@@ -11,7 +11,7 @@ from subfl.experiments import make_config, run_experiment
 from subfl.fl.training import ClientDataset, LocalTraining
 from subfl.fl.types import ClientProfile, Update
 from subfl.methods import METHODS, make_method
-from subfl.methods.base import ClientContext, ServerContext
+from subfl.fl.method import ClientContext, ServerContext
 from subfl.methods.flanc import FLANC, client_width, flanc_parameter_counts
 from subfl.models import build_model
 from subfl.models.composed import (ComposedConv2d, ComposedLinear, FlancCNN, build_composed_models, build_dense_model,

@@ -16,7 +16,7 @@ from subfl.experiments import make_config, run_experiment
 from subfl.fl.training import ClientDataset, LocalTraining
 from subfl.fl.types import ClientProfile, Update
 from subfl.methods import METHODS, make_method
-from subfl.methods.base import ClientContext, ServerContext
+from subfl.fl.method import ClientContext, ServerContext
 from subfl.models.factorized import build_submodel, decompose, factorized_modules, layer_specs
 from subfl.models.output_subset import OutputSubsetConv2d, OutputSubsetLinear, restrict_outputs
 from subfl.sampling import keep_count

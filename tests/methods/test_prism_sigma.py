@@ -10,7 +10,7 @@ from subfl.experiments import make_config, run_experiment
 from subfl.fl.training import ClientDataset, LocalTraining
 from subfl.fl.types import ClientProfile
 from subfl.methods import METHODS, make_method
-from subfl.methods.base import ClientContext, ServerContext
+from subfl.fl.method import ClientContext, ServerContext
 from subfl.methods.prism_sigma import merged_state, split_singular_values
 from subfl.models.factorized import build_submodel, decompose, factorized_modules
 from .helpers import Factory

@@ -14,7 +14,7 @@ from subfl.experiments import make_config, run_experiment
 from subfl.fl.training import ClientDataset, LocalTraining, train_epochs
 from subfl.fl.types import ClientProfile, Update
 from subfl.methods import METHODS, make_method
-from subfl.methods.base import ClientContext, ServerContext
+from subfl.fl.method import ClientContext, ServerContext
 from subfl.methods.spectral import (STRATEGIES, clip_gradients, frobenius_decay_penalty, product_frobenius_sq,
                                   term_design)
 from subfl.models import build_model

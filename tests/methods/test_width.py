@@ -13,7 +13,7 @@ from subfl.experiments import make_config, run_experiment
 from subfl.fl.training import ClientDataset, LocalTraining
 from subfl.fl.types import ClientProfile, Update
 from subfl.methods import METHODS, make_method
-from subfl.methods.base import ClientContext, ServerContext
+from subfl.fl.method import ClientContext, ServerContext
 from subfl.methods.width import _OrderedDropout, add_scaler, hidden_layers
 from subfl.models import build_model
 from subfl.models.slicing import (average_slices, coverage, extract, flatten_boundaries, leading_indices,

@@ -14,7 +14,7 @@ from subfl.experiments import make_config, run_experiment
 from subfl.fl.training import ClientDataset, LocalTraining
 from subfl.fl.types import ClientProfile, Update
 from subfl.methods import METHODS
-from subfl.methods.base import ClientContext, ServerContext
+from subfl.fl.method import ClientContext, ServerContext
 from subfl.methods.finetuning_common import DeviceBudget
 from subfl.methods.width_finetuning import (FedRolexFinetuning, FjORDFinetuning, HeadAwareOrderedDropout,
                                             HeteroFLFinetuning, assign_width, check_widths, head_aware_indices,

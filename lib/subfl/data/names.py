@@ -42,7 +42,7 @@ EXTERNAL_DATASETS = MappingProxyType({
                      max_users=None),
             "LEAF-style Shakespeare by role, SentencePiece tokens of the English-corpus tokenizer (CAFF)"),
         ExternalDataset(
-            "cifar10_downstream", "subfl.experiments.pretraining:load_cifar10_downstream",
+            "cifar10_downstream", "subfl.pretraining:load_cifar10_downstream",
             _options(max_train=None, max_test=None),
             "CIFAR-10 restricted to the five classes the ViTs are not pretrained on (CAFF)"),
     )

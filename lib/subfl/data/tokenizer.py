@@ -20,7 +20,7 @@ Newlines. SentencePiece treats its input as sentences without newlines, so texts
 the lines' tokens concatenated; every line starts with SentencePiece's word-boundary marker, so a line break
 reads as a space (as LEAF's Shakespeare turns newlines into spaces).
 
-Cache. The trained model is stored under ``cache_root()/tokenizers/<corpus>-<type>-<V>-<key>/`` where
+Cache. The trained model is stored under ``artifact_dir("tokenizers")/<corpus>-<type>-<V>-<key>/`` where
 ``key`` hashes the config, the corpus text and the SentencePiece version; the encoded English corpus (int32
 ids) is cached next to it. Nothing is stored in the repository.
 
@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..artifacts import artifact_dir
 from .base import FederatedDataset, per_user_windows, token_windows
 from .datasets import TEXT_CORPORA, load_text
 from .manifest import manifest_entry, require_file, resolve_data_root, verify_file
@@ -96,9 +97,7 @@ def _lines(text: str) -> list[str]:
 
 
 def _cache_dir() -> Path:
-    from ..experiments.cache import cache_root  # lazy: experiments imports the data package
-
-    return cache_root() / "tokenizers"
+    return artifact_dir("tokenizers")
 
 
 class Tokenizer:
@@ -307,7 +306,7 @@ def load_shakespeare_tokens(data_root: str | os.PathLike | None = None, verify: 
     """The ``shakespeare_tokens`` dataset (:mod:`subfl.data.names`, ``load_dataset("shakespeare_tokens")``):
     :func:`shakespeare_tokens` with the English-corpus tokenizer ``TokenizerConfig(vocab_size,
     max_chars=tokenizer_max_chars)`` — the one a pretrained language model of the same ``vocab_size`` /
-    ``tokenizer_max_chars`` was trained with (:meth:`subfl.experiments.pretraining.PretrainConfig.tokenizer_config`),
+    ``tokenizer_max_chars`` was trained with (:meth:`subfl.pretraining.PretrainConfig.tokenizer_config`),
     which finetuning must reuse."""
     tokenizer = train_tokenizer(TokenizerConfig(vocab_size=vocab_size, max_chars=tokenizer_max_chars), data_root)
     return shakespeare_tokens(tokenizer, seq_len, stride, min_tokens, max_users, data_root, verify)

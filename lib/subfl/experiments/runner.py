@@ -1,13 +1,14 @@
 """Run an :class:`~subfl.experiments.config.ExperimentConfig`: data, partition, model, method, engine.
 
 Used by ``subfl run`` and by every notebook. Results are written as ``history.csv`` (tidy rows),
-``summary.json``, ``ledger.csv`` and ``timings.csv``; with ``cache=True`` a run whose config and code did
-not change is read back instead of recomputed.
+``summary.json``, ``ledger.csv`` and ``timings.csv``; with ``cache=True`` a run whose key
+(:func:`~subfl.experiments.provenance.run_key`: canonical config, versions, environment class) was computed before
+on this machine is read back instead of recomputed.
 """
 from __future__ import annotations
 
-import hashlib
 import json
+import os
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -21,17 +22,17 @@ import torch
 
 import subfl
 
+from ..artifacts import artifact_dir
 from ..data import load_dataset, local_test_split, make_partition
 from ..data.base import ArrayData, FederatedDataset
-from ..data.names import EXTERNAL_DATASETS
 from ..fl.engine import CHECKPOINT_NAME, EngineSettings, dump_json, run_simulation, write_timings
 from ..fl.history import read_history
 from ..fl.rng import numpy_rng, seed_sequence
 from ..methods import make_method
-from ..methods.base import ServerContext
+from ..fl.method import ServerContext
 from ..models import build_model, model_spec
-from .cache import cache_root, code_fingerprint
 from .config import ExperimentConfig
+from .provenance import canonical_config, environment_class, run_key, run_versions
 
 OUTPUT_FILES = ("history.csv", "summary.json", "ledger.csv", "timings.csv", "state.pt")
 
@@ -135,27 +136,8 @@ class RunResult:
         return float(c.value.iloc[-1]) if len(c) and not self.diverged else float("nan")
 
 
-def run_code_fingerprint(config: ExperimentConfig) -> str:
-    """Fingerprint of the source files a run of ``config`` executes — runner, engine, data, the method's module, the
-    model's module and an external dataset's loader module, with everything they import — and of the model's (and
-    external dataset's) table entry."""
-    from ..methods import METHODS
-
-    spec = model_spec(config.model)
-    modules = ["subfl.experiments.runner", METHODS[config.method].__module__, spec.module]
-    entries = repr(spec)
-    if config.dataset in EXTERNAL_DATASETS:
-        modules.append(EXTERNAL_DATASETS[config.dataset].module)
-        entries += repr(EXTERNAL_DATASETS[config.dataset])
-    return hashlib.sha256((code_fingerprint(tuple(modules)) + entries).encode()).hexdigest()
-
-
-def run_key(config: ExperimentConfig) -> str:
-    return hashlib.sha256((config.key() + run_code_fingerprint(config)).encode()).hexdigest()
-
-
 def _summary(config: ExperimentConfig, result, dataset: FederatedDataset, parts: list[np.ndarray],
-             fingerprint: str) -> dict[str, Any]:
+             key: str) -> dict[str, Any]:
     hist = result.history.to_frame()
     last_round = int(hist["round"].max()) if len(hist) else 0
     final = hist[(hist["round"] == last_round) & (hist.metric != "train_loss")]
@@ -182,10 +164,18 @@ def _summary(config: ExperimentConfig, result, dataset: FederatedDataset, parts:
                            "total": int(sizes.sum())},
         "dataset_notes": dataset.notes,
         "config": config.to_dict(),
+        "canonical_config": canonical_config(config),
+        "versions": run_versions(config),
+        "environment": environment_class(config.device),
         "library_version": subfl.__version__,
-        "code_fingerprint": run_code_fingerprint(config),
-        "run_key": fingerprint,
+        "run_key": key,
     }
+
+
+def run_cache_dir() -> Path:
+    """``$SUBFL_CACHE_DIR``, else ``artifact_dir("runs")``: this machine's cache of finished runs (``cache=True``)."""
+    return Path(os.environ["SUBFL_CACHE_DIR"]).expanduser() if os.environ.get("SUBFL_CACHE_DIR") \
+        else artifact_dir("runs")
 
 
 def run_experiment(config: ExperimentConfig, out_dir: str | Path | None = None, *, cache: bool = True,
@@ -198,7 +188,7 @@ def run_experiment(config: ExperimentConfig, out_dir: str | Path | None = None, 
     ``cache``: read a finished identical run from the cache and store this one there.
     """
     key = run_key(config)
-    cached_dir = cache_root() / key[:24]
+    cached_dir = run_cache_dir() / key[:24]
     target = Path(out_dir) if out_dir is not None else cached_dir
     if cache and (cached_dir / "summary.json").exists():
         if target != cached_dir:

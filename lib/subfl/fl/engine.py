@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from ..data.base import FederatedDataset
-from ..methods.base import ClientContext, Method, ServerContext, ServerState
+from .method import ClientContext, Method, ServerContext, ServerState
 from .history import History
 from .ledger import Ledger
 from .profiles import Heterogeneity

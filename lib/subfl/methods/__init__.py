@@ -1,4 +1,4 @@
-"""Federated methods, one module per family, each implementing :class:`~subfl.methods.base.Method`.
+"""Federated methods, one module per family, each implementing :class:`~subfl.fl.method.Method`.
 
 ``METHODS`` maps the names usable in ``subfl run`` to classes; :func:`make_method` builds one with options.
 """
@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import fl as _engine  # noqa: F401  (load the engine first: it imports methods.base, which imports fl)
-from .base import ClientContext, Method, ServerContext, ServerState
+from ..fl.method import ClientContext, Method, ServerContext, ServerState
 from .fedavg import FedAvg
 from .width import FedRolex, FjORD, HeteroFL
 from .origdrop import OrigDrop

@@ -2,7 +2,7 @@
 Finetuning of Tiny Transformers with Resource-Constrained Devices").
 
 Given a family of pretrained tiny transformers ``F_l`` (``l`` blocks; :mod:`subfl.models.transformers`,
-:mod:`subfl.experiments.pretraining`) and devices with memory, upload and compute budgets, CAFF
+:mod:`subfl.pretraining`) and devices with memory, upload and compute budgets, CAFF
 
 1. measures the resources of every configuration ``F_l^t`` — ``t`` of the ``l`` blocks trained (the last ``t``),
    the rest frozen — once (:func:`subfl.costs.finetuning.resource_table`: peak training memory, upload bytes of
@@ -40,7 +40,7 @@ device with the same ``F_l^t``, one point of its layer-finetuning curves per ``(
 Pretrained weights (option ``pretrained``, else ``ServerContext.extra["pretrained"]``):
 
 * a mapping ``{l: state_dict}`` (the candidate depths are its keys, unless option ``layers`` narrows them);
-* a scale name ``"ci"`` / ``"cpu"`` / ``"paper"``: :func:`subfl.experiments.pretraining.pretrain_family` of the
+* a scale name ``"ci"`` / ``"cpu"`` / ``"paper"``: :func:`subfl.pretraining.pretrain_family` of the
   task's kind (``next_token`` → language model, else ViT), trained once and cached. A language task's data must
   then be tokenized with the same tokenizer, ``train_tokenizer(preset("lm", scale).tokenizer_config())``
   (a vocabulary mismatch raises ``ValueError`` when the weights are loaded);
@@ -76,8 +76,8 @@ from ..costs.finetuning import resource_table as measure_resource_table
 from ..fl.training import ClientDataset
 from ..fl.types import ClientProfile, Task, Update
 from ..models.transformers import freeze_for_finetuning, load_pretrained, trainable_parameter_names
-from .base import ClientContext, Method, ServerContext, ServerState, clone_tensors
-from .finetuning_common import (CONSTRAINT_COLUMNS, CONSTRAINTS, DeviceBudget, as_budget, check_group_budgets,
+from ..fl.method import ClientContext, Method, ServerContext, ServerState, clone_tensors
+from .finetuning_common import (FinetuningMethod, CONSTRAINT_COLUMNS, CONSTRAINTS, DeviceBudget, as_budget, check_group_budgets,
                                 declared_population, device_budgets, exceeded, group_means, measurement_batch,
                                 model_kind, optimizer_state, pretrained_depths, pretrained_source, pretrained_state,
                                 resolve_budget, train_transformer, violated_constraints)
@@ -191,7 +191,7 @@ def layerwise_average(weights: Mapping[str, torch.Tensor], updates: Sequence[tup
     return out
 
 
-class CAFF(Method):
+class CAFF(FinetuningMethod):
     """Constraint-aware federated finetuning of pretrained tiny transformers (see the module docstring).
 
     Options: ``pretrained`` (None → ``ServerContext.extra["pretrained"]``), ``layers`` (candidate depths, None →

@@ -85,10 +85,10 @@ from ..fl.training import ClientDataset, default_loss
 from ..fl.types import ClientProfile, Task, Update
 from ..models.transformers import (EMBEDDING_NAMES, embed_inputs, read_out, trainable_parameter_names,
                                    transformer_blocks)
-from .base import ClientContext, Method, ServerContext, ServerState, clone_tensors
+from ..fl.method import ClientContext, Method, ServerContext, ServerState, clone_tensors
 from .caff import layerwise_average
 from .fedhm import freeze_embeddings
-from .finetuning_common import (DeviceBudget, as_budget, check_architecture, check_group_budgets,
+from .finetuning_common import (FinetuningMethod, DeviceBudget, as_budget, check_architecture, check_group_budgets,
                                 declared_population, exceeded, fixed_depth, group_means, largest_fitting,
                                 measurement_batch, optimizer_state, pretrained_model, pretrained_source,
                                 resolve_budget, rows_for, table_rows, train_transformer)
@@ -326,7 +326,7 @@ def assign_depth(rows: Mapping[int, Mapping[str, Any]], budget: Any) -> int:
 
 
 # ----- the method -----------------------------------------------------------------------------------------------------
-class DepthFL(Method):
+class DepthFL(FinetuningMethod):
     """Depth-wise finetuning of a pretrained tiny transformer with early exits (see the module docstring).
 
     Options: ``pretrained`` (None → ``ServerContext.extra["pretrained"]``), ``architecture`` (None → the configured

@@ -12,7 +12,7 @@ from torch import nn
 from ..fl.aggregation import weighted_average
 from ..fl.training import ClientDataset, train_epochs
 from ..fl.types import ClientProfile, Task, Update
-from .base import ClientContext, Method, ServerContext, ServerState, clone_tensors
+from ..fl.method import ClientContext, Method, ServerContext, ServerState, clone_tensors
 
 
 class FedAvg(Method):

@@ -60,9 +60,9 @@ from ..fl.types import ClientProfile, Task, Update
 from ..models.factorized import FactorizedLinear, LayerSpec, dense_weight, layer_specs, svd_factors
 from ..models.transformers import EMBEDDING_NAMES, LORA_TARGETS, trainable_parameter_names, transformer_blocks
 from ..sampling import keep_count
-from .base import ClientContext, Method, ServerContext, ServerState, clone_tensors
+from ..fl.method import ClientContext, Method, ServerContext, ServerState, clone_tensors
 from .caff import layerwise_average
-from .finetuning_common import (DeviceBudget, as_budget, check_architecture, check_group_budgets,
+from .finetuning_common import (FinetuningMethod, DeviceBudget, as_budget, check_architecture, check_group_budgets,
                                 declared_population, exceeded, fixed_depth, group_means, largest_fitting,
                                 measurement_batch, optimizer_state, pretrained_model, pretrained_source,
                                 resolve_budget, rows_for, table_rows, train_transformer)
@@ -194,7 +194,7 @@ def _client_model(model_fn: Callable[..., nn.Module], layers: int, ranks: Mappin
     return low_rank_model(model_fn(layers=layers), ranks)
 
 
-class FedHM(Method):
+class FedHM(FinetuningMethod):
     """Heterogeneous low-rank factorised training of a pretrained tiny transformer (see the module docstring).
 
     Options: ``pretrained`` (None → ``ServerContext.extra["pretrained"]``), ``architecture`` (None → the configured

@@ -6,7 +6,7 @@ One round (Algorithm 1 of the paper):
 1. **Layer assignment** (server). A *unit* is what is assigned: by default one layer (see "What a layer is").
    The final FC layer (FFC, the classifier) is trained by every client; besides it, client ``c`` in round ``t``
    trains ``k`` of the other ``L`` units, drawn uniformly without replacement from a generator derived from
-   (seed, "fedp3-layers", t, c) (:meth:`~subfl.methods.base.ServerContext.rng`). ``k`` is option ``layers``: an
+   (seed, "fedp3-layers", t, c) (:meth:`~subfl.fl.method.ServerContext.rng`). ``k`` is option ``layers``: an
    int, or a set of ints from which ``k`` is drawn uniformly first (clamped to ``L``). Named presets:
 
    ========= ==================== =====================================================
@@ -128,7 +128,7 @@ from ..fl.training import ClientDataset, make_optimizer, train_epochs
 from ..fl.types import ClientProfile, Task, Update
 from ..models.fedp3_nets import FEDP3_NETS, build_fedp3_net
 from ..models.slicing import window
-from .base import ClientContext, Method, ServerContext, ServerState, clone_tensors
+from ..fl.method import ClientContext, Method, ServerContext, ServerState, clone_tensors
 from .width import global_width, level_name
 
 GROUPINGS = ("layer", "block", "stage")

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .base import ServerContext
+from ..fl.method import ServerContext
 from .fedp3 import FEDP3_PRESETS, FedP3
 
 

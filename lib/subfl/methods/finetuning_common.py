@@ -14,7 +14,7 @@ its baselines HetLoRA (:mod:`subfl.methods.hetlora`), FedHM (:mod:`subfl.methods
   (:func:`largest_fitting`; a cost equal to the budget fits). :func:`exceeded` words why a row does not fit.
 * **Pretrained weights** (option ``pretrained``, else ``ServerContext.extra["pretrained"]``; :func:`pretrained_source`,
   :func:`pretrained_state`): a mapping ``{l: state_dict}``, a pretraining scale ``"ci"`` / ``"cpu"`` / ``"paper"``
-  (:func:`subfl.experiments.pretraining.pretrain`), or ``"none"``.
+  (:func:`subfl.pretraining.pretrain`), or ``"none"``.
 * **Measurement inputs**: a mini-batch of ``training.batch_size`` samples of the task's input shape
   (:func:`measurement_batch`) and the configured optimiser's state (:func:`optimizer_state`).
 * **Local training** (:func:`train_transformer`): a language model is trained with the next-token loss over every
@@ -31,10 +31,11 @@ import pandas as pd
 import torch
 from torch import nn
 
+from ..fl.method import ClientContext, Method, ServerContext
 from ..fl.training import ClientDataset, train_epochs
 from ..fl.types import ClientProfile
 from ..models.transformers import causal_lm_loss, load_pretrained, transformer_blocks
-from .base import ClientContext, ServerContext
+from ..pretraining import PRETRAINING_VERSION
 
 CONSTRAINTS: tuple[str, ...] = ("memory", "upload", "compute")
 """The three resource constraints of CAFF, in the order they are reported."""
@@ -47,6 +48,18 @@ UNITS: dict[str, str] = {"memory": "MB", "upload": "MB", "compute": "GFLOPs"}
 
 PRETRAINING_SCALES: tuple[str, ...] = ("ci", "cpu", "paper")
 """Scale names accepted as a pretrained-weights source (besides a mapping and ``"none"``)."""
+
+
+class FinetuningMethod(Method):
+    """Base of the methods that finetune pretrained weights: a run whose option ``pretrained`` names a pretraining
+    scale executes :mod:`subfl.pretraining` too, so its versions include :data:`PRETRAINING_VERSION`."""
+
+    @classmethod
+    def behaviour_versions(cls, options: Mapping[str, Any]) -> dict[str, int]:
+        versions = super().behaviour_versions(options)
+        if isinstance(options.get("pretrained"), str) and options["pretrained"] in PRETRAINING_SCALES:
+            versions["pretraining"] = PRETRAINING_VERSION
+        return versions
 
 
 # ----- budgets -------------------------------------------------------------------------------------------------
@@ -201,7 +214,7 @@ def pretrained_depths(source: Any, ctx: ServerContext) -> list[int] | None:
         return sorted(int(l) for l in source)
     if source == "none":
         return None
-    from ..experiments.pretraining import family_depths  # lazy: experiments imports the methods
+    from ..pretraining import family_depths  # lazy: experiments imports the methods
 
     return list(family_depths(model_kind(ctx), source))
 
@@ -214,7 +227,7 @@ def pretrained_state(source: Any, ctx: ServerContext, layers: int) -> Mapping[st
         return None
     if source not in PRETRAINING_SCALES:
         raise ValueError(f"pretrained must be a mapping, 'ci', 'cpu', 'paper' or 'none', got {source!r}")
-    from ..experiments.pretraining import pretrain, preset
+    from ..pretraining import pretrain, preset
 
     return pretrain(preset(model_kind(ctx), source, layers))
 

@@ -60,7 +60,7 @@ from ..fl.types import ClientProfile, Task, Update
 from ..models.composed import (R1_FRACTION, R2_FRACTION, ComposedLayerSpec, build_dense_model, compose_from_tensors,
                                compose_model, composed_modules, composition_plan, init_bases, init_coefficients,
                                orthogonality_penalty, split_state)
-from .base import ClientContext, Method, ServerContext, ServerState, clone_tensors
+from ..fl.method import ClientContext, Method, ServerContext, ServerState, clone_tensors
 from .width import SBN_NORM, _check_levels, global_width, has_batchnorm_statistics, level_name, model_width
 
 DEFAULT_WIDTHS = (0.25, 0.5, 0.75, 1.0)

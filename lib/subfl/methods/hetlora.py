@@ -59,8 +59,8 @@ from ..costs.finetuning import resource_table as measure_resource_table
 from ..fl.training import ClientDataset
 from ..fl.types import ClientProfile, Task, Update
 from ..models.transformers import add_lora, trainable_parameter_names
-from .base import ClientContext, Method, ServerContext, ServerState, clone_tensors
-from .finetuning_common import (DeviceBudget, as_budget, check_architecture, check_group_budgets,
+from ..fl.method import ClientContext, Method, ServerContext, ServerState, clone_tensors
+from .finetuning_common import (FinetuningMethod, DeviceBudget, as_budget, check_architecture, check_group_budgets,
                                 declared_population, exceeded, fixed_depth, group_means, largest_fitting,
                                 measurement_batch, optimizer_state, pretrained_model, pretrained_source,
                                 resolve_budget, rows_for, table_rows, train_transformer)
@@ -157,7 +157,7 @@ def _model(model_fn: Callable[..., nn.Module], layers: int, rank: int) -> nn.Mod
     return lora_model(model_fn(layers=layers), rank)
 
 
-class HetLoRA(Method):
+class HetLoRA(FinetuningMethod):
     """Heterogeneous-rank LoRA finetuning of a pretrained tiny transformer (see the module docstring).
 
     Options: ``pretrained`` (None → ``ServerContext.extra["pretrained"]``), ``architecture`` (None → the configured

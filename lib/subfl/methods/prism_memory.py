@@ -57,7 +57,7 @@ from ..fl.types import ClientProfile, Task, Update
 from ..models.factorized import LayerSpec
 from ..models.output_subset import restrict_outputs
 from ..sampling import keep_count
-from .base import ClientContext, ServerContext, ServerState
+from ..fl.method import ClientContext, ServerContext, ServerState
 from .spectral import SpectralSharding
 
 

@@ -36,7 +36,7 @@ from torch.nn.utils import parametrize
 from ..fl.training import ClientDataset
 from ..fl.types import Task, Update
 from ..models.factorized import factorized_modules
-from .base import ClientContext
+from ..fl.method import ClientContext
 from .spectral import SpectralSharding
 
 

@@ -161,7 +161,7 @@ from ..models.spectral_refresh import SVD_SOLVERS, refresh_factors
 from ..sampling import (collective_inclusion, cps_design, keep_count, prism_probabilities, sample_brewer,
                         sample_min_support, sample_numpy_choice, schatten_inclusion, unbiased_inclusion,
                         unbiased_weights, wallenius_inclusion)
-from .base import ClientContext, Method, ServerContext, ServerState, clone_tensors
+from ..fl.method import ClientContext, Method, ServerContext, ServerState, clone_tensors
 
 BASE_STRATEGIES: tuple[str, ...] = ("topn", "prism", "prism+scaled", "prism+wallenius", "unbiased", "collective",
                                     "schatten", "nosharding")

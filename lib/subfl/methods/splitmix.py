@@ -35,7 +35,7 @@ from ..fl.aggregation import weighted_average
 from ..fl.rng import seed_sequence
 from ..fl.training import ClientDataset, train_epochs
 from ..fl.types import ClientProfile, Task, Update
-from .base import ClientContext, Method, ServerContext, ServerState, clone_tensors
+from ..fl.method import ClientContext, Method, ServerContext, ServerState, clone_tensors
 from .width import global_width, model_width
 
 

@@ -44,7 +44,7 @@ from torch import nn
 from ..fl.training import ClientDataset
 from ..fl.types import ClientProfile, Task, Update
 from . import fedavg, origdrop, spectral
-from .base import ClientContext, Method, ServerContext, ServerState, clone_tensors
+from ..fl.method import ClientContext, Method, ServerContext, ServerState, clone_tensors
 from .fedavg import FedAvg
 
 PREFIX = "fedavg-probe/"
@@ -100,6 +100,16 @@ class UpdateProbe(Method):
             raise ValueError(f"option method_options must be a dict or None, got {inner_options!r}")
         self.inner = make_method(self.config["method"], **inner_options)
         self.reference = FedAvg()
+
+    @classmethod
+    def behaviour_versions(cls, options: Mapping[str, Any]) -> dict[str, int]:
+        """Its own version, the probed method's (with its options) and FedAvg's (the reference update)."""
+        from . import METHODS
+
+        versions = {**super().behaviour_versions(options), **FedAvg.behaviour_versions({})}
+        if options.get("method") in METHODS:
+            versions.update(METHODS[options["method"]].behaviour_versions(options.get("method_options") or {}))
+        return versions
 
     @staticmethod
     def _model_overrides(state: ServerState) -> dict[str, Any]:

@@ -55,7 +55,7 @@ from ..fl.training import ClientDataset, train_epochs
 from ..fl.types import ClientProfile, Task, Update
 from ..models.slicing import (SliceIndices, average_slices, extract, leading_indices, leading_view, rolling_indices,
                               state_shapes)
-from .base import ClientContext, Method, ServerContext, ServerState, clone_tensors
+from ..fl.method import ClientContext, Method, ServerContext, ServerState, clone_tensors
 
 SBN_NORM = "bn_nostats"
 """The norm kind static batch norm builds every model with (see :func:`~subfl.models.norm.make_norm`)."""

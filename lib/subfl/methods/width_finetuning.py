@@ -93,9 +93,9 @@ from ..fl.types import ClientProfile, Task, Update
 from ..models.slicing import (Offset, SliceIndices, _offset_for, average_slices, extract, slice_indices, state_shapes,
                               window)
 from ..models.transformers import Attention, trainable_parameter_names
-from .base import ClientContext, Method, ServerContext, ServerState, clone_tensors
+from ..fl.method import ClientContext, Method, ServerContext, ServerState, clone_tensors
 from .fedhm import freeze_embeddings
-from .finetuning_common import (DeviceBudget, as_budget, check_architecture, check_group_budgets,
+from .finetuning_common import (FinetuningMethod, DeviceBudget, as_budget, check_architecture, check_group_budgets,
                                 declared_population, exceeded, fixed_depth, group_means, largest_fitting,
                                 measurement_batch, optimizer_state, pretrained_model, pretrained_source,
                                 resolve_budget, rows_for, table_rows, train_transformer)
@@ -277,7 +277,7 @@ class HeadAwareOrderedDropout(_OrderedDropout):
 
 
 # ----- the methods ---------------------------------------------------------------------------------------------------
-class WidthFinetuning(Method):
+class WidthFinetuning(FinetuningMethod):
     """Width-sliced finetuning of a pretrained tiny transformer (the machinery of the three methods; by itself
     HeteroFL's rule): a device of width ``s`` trains the head-aware leading ``s``-slice (see the module docstring; no
     scaler).

@@ -1,0 +1,10 @@
+"""subfl_book: what the reproducibility book needs beside the :mod:`subfl` library.
+
+Per-chapter experiment catalogs and analyses, readers of recorded results, the run store (every run a page reads,
+recorded in the repository), the page pipeline and plots. It imports :mod:`subfl`; :mod:`subfl` never imports it.
+"""
+from subfl.experiments import default_scale, final_table, history_frame, make_config
+
+from .store import run_experiment, run_seeds
+
+__all__ = ["default_scale", "final_table", "history_frame", "make_config", "run_experiment", "run_seeds"]

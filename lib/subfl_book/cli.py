@@ -1,0 +1,38 @@
+"""``subfl-book``: execute the book's stale notebooks from the run store and build the site."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import pipeline
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="subfl-book", description=__doc__)
+    parser.add_argument("--scale", default="cpu", help="ci | cpu | paper (default cpu: what the book shows)")
+    parser.add_argument("--only", default=None, help="only this chapter (folder under notebooks/)")
+    parser.add_argument("--force", action="store_true", help="re-execute even fresh notebooks")
+    parser.add_argument("--status", action="store_true", help="list which executed notebooks are stale, and why")
+    parser.add_argument("--no-build", action="store_true", help="execute notebooks but do not build the site")
+    parser.add_argument("--jobs", type=int, default=1, help="notebooks executed at a time (default 1)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.status:
+            for row in pipeline.status(scale=args.scale, only=args.only):
+                print(f"{row.state:8s} {row.notebook}  ({row.reason})")
+            return 0
+        pipeline.execute(scale=args.scale, only=args.only, force=args.force, jobs=args.jobs)
+        if not args.no_build:
+            pipeline.build_site()
+    except (ValueError, FileNotFoundError) as err:
+        print(f"subfl-book: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

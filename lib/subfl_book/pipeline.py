@@ -1,0 +1,246 @@
+"""The notebook → book pipeline: execute stale notebooks with papermill, record what they read, build the site.
+
+Source notebooks live in ``notebooks/<chapter>/*.ipynb`` (no outputs). Executed copies live in
+``book/<chapter>/*.ipynb`` and are what the site renders. Each executed copy records in its metadata
+(``metadata.subfl``) the scale, the parameters, its wall time, the machine it ran on and **the runs it read**: the
+key and config of every run it took from the run store (:mod:`subfl_book.store`).
+
+A copy is *stale* when its notebook or parameters changed, when the key of a run it read changed (a version that
+run uses moved: :mod:`subfl.experiments.provenance`), or when a run it read is not in the store. Library edits that
+change no behaviour change no key, so they stale no page. ``subfl-book`` re-executes only stale or missing copies;
+``subfl-book --status`` says why each is stale.
+"""
+from __future__ import annotations
+
+import ast
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import subfl
+from subfl.experiments.config import ExperimentConfig, _normalise_options
+from subfl.experiments.presets import SCALES
+
+from .store import BOOK_THREADS, RUNS_LOG_ENV, book_key, checkout_root, record_path
+
+
+def project_root() -> Path:
+    """The book's checkout (``notebooks/``, ``book/``, ``_toc.yml``)."""
+    root = checkout_root()
+    if not (root / "notebooks").is_dir():
+        raise FileNotFoundError("subfl-book needs a checkout of the book's repository (notebooks/, book/, _toc.yml)")
+    return root
+
+
+@dataclass(frozen=True)
+class NotebookState:
+    notebook: str
+    state: str  # fresh | stale | missing
+    reason: str
+
+
+def _sources(root: Path, only: str | None = None) -> list[Path]:
+    nb_dir = root / "notebooks"
+    chapters = sorted(p for p in nb_dir.iterdir() if p.is_dir())
+    if only is not None:
+        names = [c.name for c in chapters]
+        if only not in names:
+            raise ValueError(f"only={only!r} is not a chapter; accepted: {', '.join(names)}")
+        chapters = [nb_dir / only]
+    return [nb for ch in chapters for nb in sorted(ch.glob("*.ipynb"))]
+
+
+def executed_path(source: Path, root: Path) -> Path:
+    return root / "book" / source.parent.name / source.name
+
+
+def default_parameters(source: Path) -> dict[str, Any]:
+    """Literal assignments of the cell tagged ``parameters``."""
+    nb = json.loads(source.read_text())
+    for cell in nb["cells"]:
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            out = {}
+            for node in ast.parse("".join(cell["source"])).body:
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                    try:
+                        out[node.targets[0].id] = ast.literal_eval(node.value)
+                    except ValueError:
+                        out[node.targets[0].id] = ast.unparse(node.value)
+            return out
+    raise ValueError(f"notebook {source} has no cell tagged 'parameters' (papermill needs one)")
+
+
+def _notebook_cells(source: Path) -> list[tuple[str, str]]:
+    """``(cell type, text)`` of every cell of ``source``."""
+    return [(c["cell_type"], "".join(c["source"])) for c in json.loads(source.read_text())["cells"]]
+
+
+def _cells_blob(cells: list[tuple[str, str]], parameters: dict[str, Any]) -> str:
+    return json.dumps({"cells": cells, "parameters": parameters}, sort_keys=True, default=str)
+
+
+def _notebook_blob(source: Path, parameters: dict[str, Any]) -> str:
+    return _cells_blob(_notebook_cells(source), parameters)
+
+
+def _digest(data: bytes | str) -> str:
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()[:16]
+
+
+def page_fingerprint(source: Path, parameters: dict[str, Any]) -> str:
+    """Hash of the notebook's cells and parameters."""
+    return _digest(_notebook_blob(source, parameters))
+
+
+def config_from_record(config: dict[str, Any]) -> ExperimentConfig:
+    """The :class:`ExperimentConfig` of a run a page recorded (``TypeError`` for a field no longer known)."""
+    return ExperimentConfig(**_normalise_options(config))
+
+
+def _current_key(run: dict[str, Any]) -> str | None:
+    try:
+        return book_key(config_from_record(run["config"]))
+    except (TypeError, ValueError):
+        return None
+
+
+def _staleness(source: Path, meta: dict[str, Any], scale: str) -> str | None:
+    """Why the executed copy with metadata ``meta`` is stale at ``scale``, or None when it is fresh."""
+    if meta.get("scale") != scale:
+        return f"scale {meta.get('scale')} != {scale}"
+    parameters = {**default_parameters(source), "scale": scale}
+    if meta.get("notebook_fingerprint") != page_fingerprint(source, parameters):
+        return "notebook or its parameters changed"
+    runs = meta.get("runs")
+    if runs is None:
+        return "executed before pages recorded the runs they read"
+    changed = [r for r in runs if _current_key(r) != r["key"]]
+    if changed:
+        return f"{len(changed)} of its {len(runs)} runs changed key (a version they use moved)"
+    missing = [r for r in runs if not record_path(r["key"]).exists()]
+    if missing:
+        return f"{len(missing)} of its {len(runs)} runs are not in the store"
+    return None
+
+
+def _runs_read(log: Path) -> list[dict[str, Any]]:
+    """The distinct runs of a page's runs log, in the order first read."""
+    seen: dict[str, dict[str, Any]] = {}
+    if log.exists():
+        for line in log.read_text(encoding="utf-8").splitlines():
+            entry = json.loads(line)
+            seen.setdefault(entry["key"], entry)
+    return list(seen.values())
+
+
+def machine() -> dict[str, Any]:
+    """What a page's numbers were computed on (for its run card)."""
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "torch_threads": BOOK_THREADS}
+
+
+def _check_scale(scale: str) -> None:
+    if scale not in SCALES:
+        raise ValueError(f"scale={scale!r} is not valid; accepted: {', '.join(SCALES)}")
+
+
+def status(scale: str = "cpu", only: str | None = None, root: Path | None = None) -> list[NotebookState]:
+    """Which executed copies are fresh, stale (and why) or missing (``root``: the checkout; default: this one)."""
+    _check_scale(scale)
+    root = project_root() if root is None else root
+    out = []
+    for src in _sources(root, only):
+        rel = src.relative_to(root).as_posix()
+        dst = executed_path(src, root)
+        if not dst.exists():
+            out.append(NotebookState(rel, "missing", f"no {dst.relative_to(root).as_posix()}"))
+            continue
+        meta = json.loads(dst.read_text()).get("metadata", {}).get("subfl", {})
+        reason = _staleness(src, meta, scale)
+        if reason is not None:
+            out.append(NotebookState(rel, "stale", reason))
+        else:
+            out.append(NotebookState(rel, "fresh", f"executed {meta.get('executed_at', '?')}"))
+    return out
+
+
+def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None) -> Path:
+    """Execute one notebook with papermill at ``scale`` and write its executed copy with the runs it read."""
+    import nbformat
+    import papermill
+
+    _check_scale(scale)
+    root = project_root() if root is None else root
+    dst = executed_path(source, root)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    parameters = {**default_parameters(source), "scale": scale}
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "runs.jsonl"
+        before = os.environ.get(RUNS_LOG_ENV)
+        os.environ[RUNS_LOG_ENV] = str(log)  # the kernel inherits it
+        try:
+            t0 = time.perf_counter()
+            papermill.execute_notebook(str(source), str(dst), parameters={"scale": scale}, progress_bar=False,
+                                       cwd=str(source.parent), kernel_name="python3")
+            wall = time.perf_counter() - t0
+        finally:
+            if before is None:
+                os.environ.pop(RUNS_LOG_ENV, None)
+            else:
+                os.environ[RUNS_LOG_ENV] = before
+        runs = _runs_read(log)
+    nb = nbformat.read(dst, as_version=4)
+    nb.metadata["subfl"] = {
+        "scale": scale,
+        "parameters": parameters,
+        "library_version": subfl.__version__,
+        "notebook_fingerprint": page_fingerprint(source, parameters),
+        "runs": runs,
+        "machine": machine(),
+        "wall_time_s": round(wall, 1),
+        "executed_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+    nbformat.write(nb, dst)
+    return dst
+
+
+def execute(scale: str = "cpu", only: str | None = None, force: bool = False, jobs: int = 1,
+            root: Path | None = None) -> list[Path]:
+    """Execute every stale or missing notebook (all of them with ``force``), ``jobs`` at a time (separate
+    processes; every notebook runs in its own kernel either way). Returns the executed copies in status order."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
+    root = project_root() if root is None else root
+    todo = [row for row in status(scale, only, root) if force or row.state != "fresh"]
+    for row in todo:
+        print(f"executing {row.notebook} at scale {scale} ({row.reason})", flush=True)
+    sources = [root / row.notebook for row in todo]
+    if jobs == 1 or len(sources) < 2:
+        return [execute_notebook(src, scale, root) for src in sources]
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(max_workers=min(jobs, len(sources))) as pool:
+        return list(pool.map(execute_notebook, sources, [scale] * len(sources), [root] * len(sources)))
+
+
+def build_site(root: Path | None = None, strict: bool = True) -> Path:
+    """``jupyter-book build`` of the repository (warnings as errors with ``strict``) into ``_build/html``."""
+    root = project_root() if root is None else root
+    exe = Path(sys.executable).with_name("jupyter-book")
+    cmd = [str(exe) if exe.exists() else "jupyter-book", "build", str(root), "--keep-going"]
+    if strict:
+        cmd += ["-W", "-n"]
+    subprocess.run(cmd, check=True)
+    return root / "_build" / "html" / "index.html"

@@ -1,0 +1,179 @@
+"""The run store: every run a page reads, recorded in the repository under ``store/``.
+
+A record is one gzip-compressed JSON file per run, named by its run key
+(:func:`subfl.experiments.provenance.run_key`: canonical config, versions, environment class), holding the config,
+the versions, the environment, the summary, the history, the full communication ledger and the stage timings.
+Final weights are kept (``<key>.state.pt``) only for the runs a page evaluates again (``keep_state=True``).
+
+:func:`run_experiment` reads a run from the store when its key is there and computes it otherwise (resuming from a
+checkpoint in the work folder, ``.subfl-work/`` by default), then records it. The book's runs are made with **one
+torch thread** (:data:`BOOK_THREADS`), so their keys, and their histories, do not depend on the machine's core count.
+
+Size budget: the store is meant to stay under :data:`SIZE_BUDGET_MB` (``tests/book/test_store.py`` checks it).
+"""
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import json
+import os
+import shutil
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from subfl.experiments import ExperimentConfig, RunResult
+from subfl.experiments import run_experiment as compute_run
+from subfl.experiments.provenance import run_key
+
+BOOK_THREADS = 1
+"""torch intra-op threads of every run the book records (part of the run key's environment class)."""
+
+SIZE_BUDGET_MB = 150
+"""The most the committed store may weigh (records and kept weights together)."""
+
+RUNS_LOG_ENV = "SUBFL_PAGE_RUNS"
+"""When set (by the page pipeline), every run read or computed appends its key and config to this file."""
+
+
+def checkout_root() -> Path:
+    """The repository this package runs from."""
+    return Path(__file__).resolve().parents[2]
+
+
+def store_root() -> Path:
+    """``$SUBFL_STORE_DIR``, else ``store/`` in the checkout."""
+    return Path(os.environ["SUBFL_STORE_DIR"]).expanduser() if os.environ.get("SUBFL_STORE_DIR") \
+        else checkout_root() / "store"
+
+
+def work_root() -> Path:
+    """``$SUBFL_WORK_DIR``, else ``.subfl-work/`` in the checkout: checkpoints of runs being computed."""
+    return Path(os.environ["SUBFL_WORK_DIR"]).expanduser() if os.environ.get("SUBFL_WORK_DIR") \
+        else checkout_root() / ".subfl-work"
+
+
+def record_path(key: str, root: Path | None = None) -> Path:
+    root = store_root() if root is None else root
+    return root / key[:2] / f"{key}.json.gz"
+
+
+def state_path(key: str, root: Path | None = None) -> Path:
+    return record_path(key, root).with_name(f"{key}.state.pt")
+
+
+@contextlib.contextmanager
+def book_threads() -> Iterator[None]:
+    """Run with :data:`BOOK_THREADS` torch threads, then restore the caller's count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(BOOK_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def book_key(config: ExperimentConfig) -> str:
+    """The run key of ``config`` as the book records it (with :data:`BOOK_THREADS` threads)."""
+    with book_threads():
+        return run_key(config)
+
+
+def _frame_columns(frame: pd.DataFrame) -> list[list]:
+    """``[[column, values], ...]`` in the frame's column order (a JSON object's keys would be sorted)."""
+    return [[c, frame[c].tolist()] for c in frame.columns]
+
+
+def _frame(columns: list[list]) -> pd.DataFrame:
+    return pd.DataFrame({c: values for c, values in columns})
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def save_record(result: RunResult, key: str, *, keep_state: bool = False, root: Path | None = None) -> Path:
+    """Write ``result`` into the store under ``key`` (atomically); its weights too with ``keep_state``."""
+    summary = result.summary
+    record = {"key": key, "config": summary["config"], "canonical_config": summary["canonical_config"],
+              "versions": summary["versions"], "environment": summary["environment"], "summary": summary,
+              "history": _frame_columns(result.history), "ledger": _frame_columns(result.ledger),
+              "timings": _frame_columns(result.timings)}
+    text = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str).encode()
+    path = record_path(key, root)
+    if keep_state:
+        buffer = io.BytesIO()
+        torch.save(result.state(), buffer)
+        _atomic_write(state_path(key, root), buffer.getvalue())
+    _atomic_write(path, gzip.compress(text, compresslevel=9, mtime=0))
+    return path
+
+
+class StoredRun(RunResult):
+    """A :class:`~subfl.experiments.RunResult` read from a store record (no files on disk besides the record)."""
+
+    def __init__(self, config: ExperimentConfig, record: dict[str, Any], state_file: Path) -> None:
+        super().__init__(config, state_file.parent, from_cache=True)
+        self.key = record["key"]
+        self.__dict__["summary"] = record["summary"]
+        history = _frame(record["history"])
+        self.__dict__["history"] = history.astype({"round": int, "metric": str, "value": float, "group": str})
+        self.__dict__["ledger"] = _frame(record["ledger"])
+        self.__dict__["timings"] = _frame(record["timings"])
+        self._state_file = state_file
+
+    def state(self) -> dict[str, Any]:
+        if not self._state_file.exists():
+            raise FileNotFoundError(f"the store keeps no weights for run {self.key[:12]} ({self.config.label()}); "
+                                    f"read it with keep_state=True to record them")
+        return torch.load(self._state_file, map_location="cpu", weights_only=False)
+
+
+def load_record(config: ExperimentConfig, key: str, root: Path | None = None) -> StoredRun | None:
+    path = record_path(key, root)
+    if not path.exists():
+        return None
+    return StoredRun(config, json.loads(gzip.decompress(path.read_bytes())), state_path(key, root))
+
+
+def _log_read(key: str, config: ExperimentConfig) -> None:
+    log = os.environ.get(RUNS_LOG_ENV)
+    if log:
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"key": key, "config": config.to_dict()}, sort_keys=True, default=list) + "\n")
+
+
+def run_experiment(config: ExperimentConfig, *, data_root: str | Path | None = None, progress: bool | None = None,
+                   keep_state: bool = False) -> RunResult:
+    """The run of ``config`` from the store, computed (with one torch thread) and recorded when it is not there.
+
+    ``keep_state``: the page evaluates the run's final weights again, so the store keeps them too.
+    """
+    key = book_key(config)
+    _log_read(key, config)
+    stored = load_record(config, key)
+    if stored is not None and (not keep_state or state_path(key).exists()):
+        return stored
+    work = work_root() / key[:24]
+    with book_threads():
+        result = compute_run(config, work, cache=False, data_root=data_root, progress=progress)
+    save_record(result, key, keep_state=keep_state)
+    shutil.rmtree(work, ignore_errors=True)
+    return load_record(config, key)
+
+
+def run_seeds(config: ExperimentConfig, seeds: Iterable[int], **kwargs: Any) -> list[RunResult]:
+    """:func:`run_experiment` for each seed."""
+    return [run_experiment(config.replace(seed=s), **kwargs) for s in seeds]
+
+
+def store_size_bytes(root: Path | None = None) -> int:
+    root = store_root() if root is None else root
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0

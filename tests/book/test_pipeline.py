@@ -1,0 +1,158 @@
+"""The book: every chapter notebook is parameterised and rendered, and the site builds with warnings as errors."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from subfl_book import pipeline as book
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = sorted((ROOT / "notebooks").glob("*/*.ipynb"))
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.relative_to(ROOT / "notebooks").as_posix())
+def test_notebook_is_papermill_ready_and_thin(source):
+    params = book.default_parameters(source)
+    assert "scale" in params and "data_root" in params
+    nb = json.loads(source.read_text())
+    assert nb["cells"][0]["cell_type"] == "markdown", "first cell names the paper/figure and the claim"
+    assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"), "sources carry no outputs"
+    code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert "def " not in code and "class " not in code, "no algorithm code in notebooks"
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.relative_to(ROOT / "notebooks").as_posix())
+def test_every_notebook_has_an_executed_copy_in_the_toc(source):
+    executed = book.executed_path(source, ROOT)
+    assert executed.exists(), f"run `subfl book` to execute {source.name}"
+    meta = json.loads(executed.read_text())["metadata"]["subfl"]
+    assert meta["scale"] == "cpu" and "fingerprint" in meta and "parameters" in meta and meta["wall_time_s"] >= 0
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = json.dumps(toc)
+    assert executed.relative_to(ROOT).with_suffix("").as_posix() in files
+
+
+def test_site_builds_with_warnings_as_errors(tmp_path):
+    exe = Path(sys.executable).with_name("jupyter-book")
+    if not exe.exists() and shutil.which("jupyter-book") is None:
+        pytest.skip("jupyter-book is not installed")
+    cmd = [str(exe) if exe.exists() else "jupyter-book", "build", str(ROOT), "--path-output", str(tmp_path),
+           "-W", "-n", "--keep-going"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    index = tmp_path / "_build" / "html" / "index.html"
+    assert index.exists()
+    page = (tmp_path / "_build" / "html" / "book" / "federated_setting" / "fedavg.html").read_text()
+    assert "<img" in page, "the executed FedAvg page shows its figures"
+
+
+def test_status_reports_every_notebook():
+    rows = book.status("cpu")
+    assert {r.notebook for r in rows} == {s.relative_to(ROOT).as_posix() for s in SOURCES}
+    assert all(r.state in ("fresh", "stale", "missing") for r in rows)
+    with pytest.raises(ValueError, match="scale"):
+        book.status("gpu")
+
+
+def test_execute_runs_stale_notebooks_in_parallel_with_provenance(tmp_path):
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+    for name in ("a", "b"):
+        nb = new_notebook(cells=[new_markdown_cell("# t"), new_code_cell("scale = None\ndata_root = None",
+                                                                          metadata={"tags": ["parameters"]}),
+                                 new_code_cell(f"answer = {name!r} + str(scale)")])
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        (tmp_path / "notebooks" / "ch").mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, tmp_path / "notebooks" / "ch" / f"{name}.ipynb")
+    done = book.execute("ci", jobs=2, root=tmp_path)
+    assert [p.relative_to(tmp_path).as_posix() for p in done] == ["book/ch/a.ipynb", "book/ch/b.ipynb"]
+    assert {r.state for r in book.status("ci", root=tmp_path)} == {"fresh"}
+    assert book.execute("ci", jobs=2, root=tmp_path) == []  # nothing stale any more
+    with pytest.raises(ValueError, match="jobs"):
+        book.execute("ci", jobs=0, root=tmp_path)
+
+
+def _notebook(path, code):
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+    nb = new_notebook(cells=[new_markdown_cell("# t"), new_code_cell("scale = None\ndata_root = None",
+                                                                      metadata={"tags": ["parameters"]}),
+                             new_code_cell(code)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture
+def executed_root(tmp_path, monkeypatch):
+    """Two executed pages: ``a`` reads one tiny run from a store in ``tmp_path``, ``b`` reads none."""
+    monkeypatch.setenv("SUBFL_STORE_DIR", str(tmp_path / "store"))
+    monkeypatch.setenv("SUBFL_WORK_DIR", str(tmp_path / "work"))
+    _notebook(tmp_path / "notebooks" / "ch" / "a.ipynb",
+              "from subfl_book import make_config, run_experiment\n"
+              "run = run_experiment(make_config('fedavg', 'digits', scale='ci', rounds=1, max_train_samples=100))\n"
+              "accuracy = run.final()")
+    _notebook(tmp_path / "notebooks" / "ch" / "b.ipynb", "from subfl.sampling import sample_cps")
+    book.execute("ci", root=tmp_path)
+    return tmp_path
+
+
+def _rewrite_meta(path, change):
+    nb = json.loads(path.read_text())
+    change(nb["metadata"]["subfl"])
+    path.write_text(json.dumps(nb))
+
+
+def _meta(root, name):
+    return json.loads((root / "book" / "ch" / name).read_text())["metadata"]["subfl"]
+
+
+def test_an_executed_page_records_the_runs_it_read_and_the_machine(executed_root):
+    a, b = _meta(executed_root, "a.ipynb"), _meta(executed_root, "b.ipynb")
+    assert len(a["runs"]) == 1 and b["runs"] == []
+    run = a["runs"][0]
+    assert run["config"]["method"] == "fedavg" and run["config"]["rounds"] == 1
+    assert (executed_root / "store" / run["key"][:2] / f"{run['key']}.json.gz").exists()
+    assert a["machine"]["torch_threads"] == 1 and a["machine"]["cpus"] >= 1
+
+
+def test_staleness_follows_the_notebook_and_the_keys_of_its_runs(executed_root, monkeypatch):
+    assert {r.state for r in book.status("ci", root=executed_root)} == {"fresh"}
+    from subfl.methods import METHODS, FedAvg
+
+    class Newcomer(FedAvg):
+        name = "newcomer"
+
+    with monkeypatch.context() as patch:
+        patch.setitem(METHODS, "newcomer", Newcomer)  # adding a method stales nothing
+        assert {r.state for r in book.status("ci", root=executed_root)} == {"fresh"}
+        patch.setattr(FedAvg, "version", FedAvg.version + 1)  # a behaviour change of a method a page read
+        rows = {r.notebook: r for r in book.status("ci", root=executed_root)}
+        assert rows["notebooks/ch/a.ipynb"].state == "stale" and "1 of its 1 runs changed key" in \
+            rows["notebooks/ch/a.ipynb"].reason
+        assert rows["notebooks/ch/b.ipynb"].state == "fresh"  # it read no run
+    _notebook(executed_root / "notebooks" / "ch" / "b.ipynb", "x = 3")  # an edited notebook
+    rows = {r.notebook: r for r in book.status("ci", root=executed_root)}
+    assert rows["notebooks/ch/b.ipynb"].reason == "notebook or its parameters changed"
+    assert rows["notebooks/ch/a.ipynb"].state == "fresh", rows["notebooks/ch/a.ipynb"].reason
+    assert book.status("cpu", root=executed_root)[0].reason == "scale ci != cpu"
+
+
+def test_a_page_whose_run_left_the_store_is_stale_and_re_executes(executed_root):
+    key = _meta(executed_root, "a.ipynb")["runs"][0]["key"]
+    (executed_root / "store" / key[:2] / f"{key}.json.gz").unlink()
+    rows = {r.notebook: r for r in book.status("ci", root=executed_root)}
+    assert rows["notebooks/ch/a.ipynb"].reason == "1 of its 1 runs are not in the store"
+    assert book.execute("ci", root=executed_root) == [executed_root / "book" / "ch" / "a.ipynb"]
+    assert {r.state for r in book.status("ci", root=executed_root)} == {"fresh"}
+
+
+def test_a_copy_without_recorded_runs_is_stale(executed_root):
+    _rewrite_meta(executed_root / "book" / "ch" / "b.ipynb", lambda m: m.pop("runs"))
+    rows = {r.notebook: r for r in book.status("ci", root=executed_root)}
+    assert rows["notebooks/ch/b.ipynb"].state == "stale" and "before pages recorded" in rows["notebooks/ch/b.ipynb"].reason

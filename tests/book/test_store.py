@@ -1,0 +1,78 @@
+"""The run store: records round-trip, reading needs no training, keys follow behaviour, the size budget holds."""
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from subfl.experiments import make_config, run_experiment as compute_run
+from subfl.experiments.provenance import canonical_config, run_key
+from subfl_book import store
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = make_config("prism", "digits", scale="ci", rounds=2, max_train_samples=120, heterogeneity="0.5")
+
+
+@pytest.fixture
+def tmp_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("SUBFL_STORE_DIR", str(tmp_path / "store"))
+    monkeypatch.setenv("SUBFL_WORK_DIR", str(tmp_path / "work"))
+    return tmp_path
+
+
+def test_a_recorded_run_reads_back_identically_without_training(tmp_store, monkeypatch):
+    first = store.run_experiment(CONFIG, keep_state=True)
+    assert not (tmp_store / "work").exists() or not any((tmp_store / "work").iterdir())  # work folder cleaned
+    direct = compute_run(CONFIG, tmp_store / "direct", cache=False)
+    pd.testing.assert_frame_equal(first.history, direct.history)
+    pd.testing.assert_frame_equal(first.ledger, direct.ledger)
+    assert first.summary["upload_bytes"] == direct.summary["upload_bytes"] > 0
+    record = json.loads(gzip.decompress(store.record_path(first.key).read_bytes()))
+    assert record["versions"]["method:prism"] >= 1 and record["environment"]["threads"] == store.BOOK_THREADS
+    assert record["canonical_config"] == canonical_config(CONFIG)
+
+    monkeypatch.setattr(store, "compute_run", lambda *a, **k: pytest.fail("a stored run was recomputed"))
+    again = store.run_experiment(CONFIG)
+    pd.testing.assert_frame_equal(again.history, first.history)
+    assert again.final() == first.final() and again.from_cache
+    assert set(again.state()["weights"]) == set(direct.state()["weights"])
+
+
+def test_weights_are_kept_only_when_asked(tmp_store):
+    run = store.run_experiment(CONFIG)
+    with pytest.raises(FileNotFoundError, match="keep_state=True"):
+        run.state()
+    assert not store.state_path(run.key).exists()
+
+
+def test_the_key_ignores_defaults_and_scale_but_not_a_changed_field():
+    same = CONFIG.replace(scale="cpu", lr_min=0.0)  # scale only names a preset; lr_min is at its default
+    assert run_key(same) == run_key(CONFIG)
+    assert run_key(CONFIG.replace(lr=0.2)) != run_key(CONFIG)
+    assert run_key(CONFIG, {"torch": "2.14", "threads": 2, "device": "cpu"}) != \
+        run_key(CONFIG, {"torch": "2.14", "threads": 1, "device": "cpu"})
+
+
+def test_renaming_a_private_engine_helper_changes_no_key(tmp_path):
+    """A behaviour-preserving refactor (a private helper renamed in fl/engine.py) leaves every key unchanged."""
+    import shutil
+    copy = tmp_path / "lib"
+    shutil.copytree(ROOT / "lib" / "subfl", copy / "subfl", ignore=shutil.ignore_patterns("__pycache__"))
+    engine = copy / "subfl" / "fl" / "engine.py"
+    text = engine.read_text()
+    assert "_save_checkpoint" in text
+    engine.write_text(text.replace("_save_checkpoint", "_write_checkpoint_atomically"))
+    code = ("from subfl.experiments import make_config, run_key; import subfl, sys; "
+            "assert subfl.__file__.startswith(sys.argv[1]); "
+            "print(run_key(make_config('prism', 'digits', scale='ci', rounds=2, max_train_samples=120, "
+            "heterogeneity='0.5'), {'torch': 'x', 'threads': 1, 'device': 'cpu'}))")
+    out = subprocess.run([sys.executable, "-c", code, str(copy)], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin"})
+    assert out.stdout.strip() == run_key(CONFIG, {"torch": "x", "threads": 1, "device": "cpu"})
+
+
+def test_the_committed_store_stays_within_its_size_budget():
+    assert store.store_size_bytes(ROOT / "store") <= store.SIZE_BUDGET_MB * 1e6
