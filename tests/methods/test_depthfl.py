@@ -16,11 +16,11 @@ from subfl.fl.profiles import Heterogeneity
 from subfl.fl.training import default_loss
 from subfl.fl.types import ClientProfile, Update
 from subfl.methods import METHODS
-from subfl.methods.depthfl import (DepthFL, EarlyExitTransformer, ExitEnsemble, assign_depth, depth_payload,
+from subfl.methods.depthfl import (DepthFL, EarlyExitTransformer, ExitEnsemble, depth_payload,
                                    depth_rows, depthfl_loss, depthfl_resource_table, early_exit_model,
                                    log_mean_softmax, self_distillation)
 from subfl.methods.fedhm import freeze_embeddings
-from subfl.methods.finetuning_common import DeviceBudget
+from subfl.methods.finetuning_common import assign_largest, DeviceBudget
 from subfl.models import build_model
 from subfl.models.transformers import TinyViT, causal_lm_loss
 
@@ -39,16 +39,16 @@ def hand_table() -> list[dict]:
 def test_depth_is_the_largest_that_fits_all_three_budgets():
     rows = depth_rows(hand_table(), 3)
     assert sorted(rows) == [1, 2, 3] and rows[1]["memory_mb"] == 10          # the F_6 row is dropped
-    assert assign_depth(rows, DeviceBudget("a", memory_mb=20)) == 3           # 2 and 3 tie at 14 MB -> 3
-    assert assign_depth(rows, DeviceBudget("b", memory_mb=14)) == 3           # a cost equal to the budget fits
-    assert assign_depth(rows, DeviceBudget("c", memory_mb=13.9)) == 1
-    assert assign_depth(rows, DeviceBudget("d", memory_mb=30, upload_mb=5, gflops=1.5)) == 1   # compute binds
-    assert assign_depth(rows, DeviceBudget("e")) == 3
-    with pytest.raises(ValueError, match=r"device weak cannot train any DepthFL depth of F_3 \(1 … 3\): depth 1 "
+    assert assign_largest(rows, DeviceBudget("a", memory_mb=20), "DepthFL depth", "depth") == 3           # 2 and 3 tie at 14 MB -> 3
+    assert assign_largest(rows, DeviceBudget("b", memory_mb=14), "DepthFL depth", "depth") == 3           # a cost equal to the budget fits
+    assert assign_largest(rows, DeviceBudget("c", memory_mb=13.9), "DepthFL depth", "depth") == 1
+    assert assign_largest(rows, DeviceBudget("d", memory_mb=30, upload_mb=5, gflops=1.5), "DepthFL depth", "depth") == 1   # compute binds
+    assert assign_largest(rows, DeviceBudget("e"), "DepthFL depth", "depth") == 3
+    with pytest.raises(ValueError, match=r"device weak cannot train any DepthFL depth of \[3, 2, 1\]: the smallest "
                                          r"exceeds memory \(needs 10 MB for depth=1, has 5 MB\)"):
-        assign_depth(rows, DeviceBudget("weak", memory_mb=5, gflops=2))
+        assign_largest(rows, DeviceBudget("weak", memory_mb=5, gflops=2), "DepthFL depth", "depth")
     with pytest.raises(ValueError, match=r"upload \(needs 1 MB for depth=1, has 0.5 MB\)"):
-        assign_depth(rows, DeviceBudget("slow", upload_mb=0.5))
+        assign_largest(rows, DeviceBudget("slow", upload_mb=0.5), "DepthFL depth", "depth")
     with pytest.raises(ValueError, match=r"no row for depth=\[3\]"):
         depth_rows(hand_table()[:2], 3)
 

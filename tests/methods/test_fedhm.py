@@ -12,9 +12,9 @@ from subfl.fl.engine import EngineSettings, run_simulation
 from subfl.fl.profiles import Heterogeneity
 from subfl.fl.types import ClientProfile, Update
 from subfl.methods import METHODS
-from subfl.methods.fedhm import (FedHM, assign_ratio, dense_update, factorized_layer_names, fedhm_resource_table,
+from subfl.methods.fedhm import (FedHM, dense_update, factorized_layer_names, fedhm_resource_table,
                                  layer_ranks, low_rank_model, ratio_rows, truncated_factors)
-from subfl.methods.finetuning_common import DeviceBudget
+from subfl.methods.finetuning_common import assign_largest, DeviceBudget
 from subfl.models import build_model
 from subfl.models.factorized import layer_specs
 
@@ -35,15 +35,15 @@ def hand_table() -> list[dict]:
 def test_ratio_is_the_largest_that_fits_all_three_budgets():
     rows = ratio_rows(hand_table(), (1.0, 0.5, 0.25, 0.125), layers=3)
     assert sorted(rows) == [0.125, 0.25, 0.5, 1.0] and rows[0.125]["memory_mb"] == 12
-    assert assign_ratio(rows, DeviceBudget("a", memory_mb=19)) == 0.5          # 0.5 and 0.25 tie at 18 MB -> 0.5
-    assert assign_ratio(rows, DeviceBudget("b", memory_mb=18)) == 0.5          # a cost equal to the budget fits
-    assert assign_ratio(rows, DeviceBudget("c", memory_mb=17.9)) == 0.125
-    assert assign_ratio(rows, DeviceBudget("d", upload_mb=2, gflops=2.9)) == 0.125   # compute binds
-    assert assign_ratio(rows, DeviceBudget("e")) == 1.0                          # least constrained: dense
+    assert assign_largest(rows, DeviceBudget("a", memory_mb=19), "FedHM rank ratio", "rank_ratio") == 0.5          # 0.5 and 0.25 tie at 18 MB -> 0.5
+    assert assign_largest(rows, DeviceBudget("b", memory_mb=18), "FedHM rank ratio", "rank_ratio") == 0.5          # a cost equal to the budget fits
+    assert assign_largest(rows, DeviceBudget("c", memory_mb=17.9), "FedHM rank ratio", "rank_ratio") == 0.125
+    assert assign_largest(rows, DeviceBudget("d", upload_mb=2, gflops=2.9), "FedHM rank ratio", "rank_ratio") == 0.125   # compute binds
+    assert assign_largest(rows, DeviceBudget("e"), "FedHM rank ratio", "rank_ratio") == 1.0                          # least constrained: dense
     with pytest.raises(ValueError, match=r"device weak cannot train any FedHM rank ratio of \[1.0, 0.5, 0.25, 0.125\]"
                                          r": the smallest exceeds upload \(needs 0.5 MB for rank_ratio=0.125, "
                                          r"has 0.2 MB\)"):
-        assign_ratio(rows, DeviceBudget("weak", upload_mb=0.2))
+        assign_largest(rows, DeviceBudget("weak", upload_mb=0.2), "FedHM rank ratio", "rank_ratio")
     method = FedHM(pretrained=_pretrained(), resource_table=hand_table(), budgets={"0.5": {"memory_mb": 19}, "1": {}})
     ctx = _ctx()
     state = method.init(ctx)

@@ -13,8 +13,8 @@ from subfl.fl.engine import EngineSettings, run_simulation
 from subfl.fl.profiles import Heterogeneity
 from subfl.fl.types import ClientProfile, Update
 from subfl.methods import METHODS
-from subfl.methods.finetuning_common import DeviceBudget
-from subfl.methods.hetlora import HetLoRA, assign_rank, lora_model, lora_rows, padded_average, truncate_lora
+from subfl.methods.finetuning_common import assign_largest, DeviceBudget
+from subfl.methods.hetlora import HetLoRA, lora_model, lora_rows, padded_average, truncate_lora
 from subfl.models import build_model
 from subfl.models.transformers import LoRALinear
 
@@ -36,14 +36,14 @@ def hand_table() -> list[dict]:
 def test_rank_is_the_largest_that_fits_all_three_budgets():
     rows = lora_rows(hand_table(), (24, 12, 6, 3), layers=3)
     assert sorted(rows) == [3, 6, 12, 24] and rows[3]["memory_mb"] == 13       # the other depth's row is dropped
-    assert assign_rank(rows, DeviceBudget("a", memory_mb=20)) == 12          # 6 and 12 tie at 16 MB -> 12
-    assert assign_rank(rows, DeviceBudget("b", memory_mb=16)) == 12          # a cost equal to the budget fits
-    assert assign_rank(rows, DeviceBudget("c", memory_mb=15.9)) == 3
-    assert assign_rank(rows, DeviceBudget("d", upload_mb=2.4, gflops=1.4)) == 3   # compute binds
-    assert assign_rank(rows, DeviceBudget("e")) == 24
+    assert assign_largest(rows, DeviceBudget("a", memory_mb=20), "LoRA rank", "rank") == 12          # 6 and 12 tie at 16 MB -> 12
+    assert assign_largest(rows, DeviceBudget("b", memory_mb=16), "LoRA rank", "rank") == 12          # a cost equal to the budget fits
+    assert assign_largest(rows, DeviceBudget("c", memory_mb=15.9), "LoRA rank", "rank") == 3
+    assert assign_largest(rows, DeviceBudget("d", upload_mb=2.4, gflops=1.4), "LoRA rank", "rank") == 3   # compute binds
+    assert assign_largest(rows, DeviceBudget("e"), "LoRA rank", "rank") == 24
     with pytest.raises(ValueError, match=r"device weak cannot train any LoRA rank of \[24, 12, 6, 3\]: the smallest "
                                          r"exceeds memory \(needs 13 MB for rank=3, has 5 MB\)"):
-        assign_rank(rows, DeviceBudget("weak", memory_mb=5, gflops=2))
+        assign_largest(rows, DeviceBudget("weak", memory_mb=5, gflops=2), "LoRA rank", "rank")
     with pytest.raises(ValueError, match=r"no row for rank=\[8\]"):
         lora_rows(hand_table(), (8, 3), layers=3)
 

@@ -15,9 +15,9 @@ from subfl.fl.training import ClientDataset, LocalTraining
 from subfl.fl.types import ClientProfile, Update
 from subfl.methods import METHODS
 from subfl.fl.method import ClientContext, ServerContext
-from subfl.methods.finetuning_common import DeviceBudget
+from subfl.methods.finetuning_common import assign_largest, DeviceBudget
 from subfl.methods.width_finetuning import (FedRolexFinetuning, FjORDFinetuning, HeadAwareOrderedDropout,
-                                            HeteroFLFinetuning, assign_width, check_widths, head_aware_indices,
+                                            HeteroFLFinetuning, check_widths, head_aware_indices,
                                             head_channels, rolling_offset, width_model, width_resource_table,
                                             width_rows)
 from subfl.models.slicing import extract, leading_indices, state_shapes, window
@@ -143,14 +143,14 @@ def test_sliced_attention_is_the_global_attention_restricted_to_its_channels(off
 def test_width_is_the_largest_that_fits_all_three_budgets():
     rows = width_rows(hand_table(), (1.0, 0.5, 0.25, 0.125), layers=2)
     assert sorted(rows) == [0.125, 0.25, 0.5, 1.0] and rows[0.125]["memory_mb"] == 10     # the depth-3 row dropped
-    assert assign_width(rows, DeviceBudget("a", memory_mb=20)) == 0.5         # 0.25 and 0.5 tie at 12 MB -> 0.5
-    assert assign_width(rows, DeviceBudget("b", memory_mb=12)) == 0.5         # a cost equal to the budget fits
-    assert assign_width(rows, DeviceBudget("c", memory_mb=11.9)) == 0.125
-    assert assign_width(rows, DeviceBudget("d", upload_mb=1, gflops=1.5)) == 0.125   # compute binds
-    assert assign_width(rows, DeviceBudget("e")) == 1.0
+    assert assign_largest(rows, DeviceBudget("a", memory_mb=20), "width", "width") == 0.5         # 0.25 and 0.5 tie at 12 MB -> 0.5
+    assert assign_largest(rows, DeviceBudget("b", memory_mb=12), "width", "width") == 0.5         # a cost equal to the budget fits
+    assert assign_largest(rows, DeviceBudget("c", memory_mb=11.9), "width", "width") == 0.125
+    assert assign_largest(rows, DeviceBudget("d", upload_mb=1, gflops=1.5), "width", "width") == 0.125   # compute binds
+    assert assign_largest(rows, DeviceBudget("e"), "width", "width") == 1.0
     with pytest.raises(ValueError, match=r"device weak cannot train any width of \[1.0, 0.5, 0.25, 0.125\]: the "
                                          r"smallest exceeds memory \(needs 10 MB for width=0.125, has 5 MB\)"):
-        assign_width(rows, DeviceBudget("weak", memory_mb=5, gflops=2))
+        assign_largest(rows, DeviceBudget("weak", memory_mb=5, gflops=2), "width", "width")
     with pytest.raises(ValueError, match=r"no row for width=\[0.75\]"):
         width_rows(hand_table(), (0.75, 0.5), layers=2)
 

@@ -76,7 +76,7 @@ from ..costs.finetuning import resource_table as measure_resource_table
 from ..fl.training import ClientDataset
 from ..fl.types import ClientProfile, Task, Update
 from ..models.transformers import freeze_for_finetuning, load_pretrained, trainable_parameter_names
-from ..fl.method import ClientContext, Method, ServerContext, ServerState, clone_tensors
+from ..fl.method import ClientContext, ServerContext, ServerState, clone_tensors
 from .finetuning_common import (FinetuningMethod, CONSTRAINT_COLUMNS, CONSTRAINTS, DeviceBudget, as_budget, check_group_budgets,
                                 declared_population, device_budgets, exceeded, group_means, measurement_batch,
                                 model_kind, optimizer_state, pretrained_depths, pretrained_source, pretrained_state,

@@ -15,7 +15,7 @@ a language model, the class token or mean token of a ViT). Exit ``l`` *is* the m
    parameters, GFLOPs per mini-batch, with the DepthFL loss below — as CAFF measures its configurations; or option
    ``resource_table``, rows with ``depth, memory_mb, upload_mb, gflops``, rows of another depth ``layers`` ignored
    when that column exists). The device gets the largest ``d_c`` whose three costs fit its budgets
-   (:func:`assign_depth`; a cost equal to the budget fits; equal costs → the deeper model), budgets resolved as
+   (:func:`~subfl.methods.finetuning_common.assign_largest`; a cost equal to the budget fits; equal costs → the deeper model), budgets resolved as
    CAFF's (:func:`~subfl.methods.finetuning_common.resolve_budget`: profile fields, option ``devices`` /
    ``ServerContext.extra["devices"]``, option ``budgets`` by group). A device that fits no depth raises
    ``ValueError`` naming it and the constraint(s) depth 1 exceeds.
@@ -85,13 +85,13 @@ from ..fl.training import ClientDataset, default_loss
 from ..fl.types import ClientProfile, Task, Update
 from ..models.transformers import (EMBEDDING_NAMES, embed_inputs, read_out, trainable_parameter_names,
                                    transformer_blocks)
-from ..fl.method import ClientContext, Method, ServerContext, ServerState, clone_tensors
+from ..fl.method import ClientContext, ServerContext, ServerState, clone_tensors
 from .caff import layerwise_average
 from .fedhm import freeze_embeddings
-from .finetuning_common import (FinetuningMethod, DeviceBudget, as_budget, check_architecture, check_group_budgets,
-                                declared_population, exceeded, fixed_depth, group_means, largest_fitting,
-                                measurement_batch, optimizer_state, pretrained_model, pretrained_source,
-                                resolve_budget, rows_for, table_rows, train_transformer)
+from .finetuning_common import (FinetuningMethod, DeviceBudget, check_architecture, check_group_budgets,
+                                assign_largest, declared_population, fixed_depth, group_means, measurement_batch,
+                                optimizer_state, pretrained_model, pretrained_source, resolve_budget, rows_for,
+                                table_rows, train_transformer)
 
 _COPIED_ATTRIBUTES: tuple[str, ...] = ("context_length", "vocab_size", "image_size", "pool")
 """Plain attributes of TinyGPT / TinyViT that :func:`~subfl.models.transformers.embed_inputs` and
@@ -313,18 +313,6 @@ def depth_rows(resource_table: pd.DataFrame | Sequence[Mapping[str, Any]], layer
     return {int(d): row for d, row in rows_for(rows, "depth", list(range(1, int(layers) + 1))).items()}
 
 
-def assign_depth(rows: Mapping[int, Mapping[str, Any]], budget: Any) -> int:
-    """The largest depth whose memory, upload and FLOPs fit ``budget``; ``ValueError`` naming the device and the
-    constraint(s) the shallowest depth exceeds when none fits."""
-    budget = as_budget(budget)
-    depth = largest_fitting(rows, budget)
-    if depth is None:
-        shallowest = min(rows)
-        raise ValueError(f"device {budget.device} cannot train any DepthFL depth of F_{max(rows)} (1 … {max(rows)}): "
-                         f"depth {shallowest} exceeds {exceeded(rows[shallowest], budget, f'depth={shallowest}')}")
-    return int(depth)
-
-
 # ----- the method -----------------------------------------------------------------------------------------------------
 class DepthFL(FinetuningMethod):
     """Depth-wise finetuning of a pretrained tiny transformer with early exits (see the module docstring).
@@ -370,7 +358,7 @@ class DepthFL(FinetuningMethod):
         layers = int(state["layers"])
         tasks = {}
         for profile in clients:
-            depth = assign_depth(rows, self.budget(profile, ctx))
+            depth = int(assign_largest(rows, self.budget(profile, ctx), "DepthFL depth", "depth"))
             config = {"train": ctx.train_config(round), "layers": layers, "depth": depth,
                       "distill_weight": self.distill_weight, "temperature": self.temperature,
                       "group": profile.group, "task": ctx.task}
@@ -411,7 +399,7 @@ class DepthFL(FinetuningMethod):
         return Update(task.client_id, upload, len(data), {**stats, "depth": depth, "group": cfg.get("group", "")})
 
 
-__all__ = ["DepthFL", "EarlyExitTransformer", "ExitEnsemble", "ExitHead", "ExitOutput", "assign_depth",
+__all__ = ["DepthFL", "EarlyExitTransformer", "ExitEnsemble", "ExitHead", "ExitOutput",
            "check_distill_weight", "check_temperature", "depth_payload", "depth_rows", "depth_views",
            "depthfl_loss", "depthfl_resource_table", "early_exit_model", "in_depth", "log_mean_softmax",
            "measurement_loss", "self_distillation"]

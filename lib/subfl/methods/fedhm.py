@@ -10,7 +10,7 @@ The server keeps the full (dense) weights of one pretrained tiny transformer ``F
    :func:`subfl.costs.finetuning.training_step_cost` — peak training memory, upload bytes of the trained parameters,
    GFLOPs per mini-batch — as CAFF measures its configurations; or option ``resource_table``, rows with
    ``rank_ratio, memory_mb, upload_mb, gflops``, rows of another depth ``layers`` ignored when that column
-   exists). A device gets the largest ``ρ`` whose three costs fit its budgets (:func:`assign_ratio`; a cost equal to
+   exists). A device gets the largest ``ρ`` whose three costs fit its budgets (:func:`~subfl.methods.finetuning_common.assign_largest`; a cost equal to
    the budget fits; equal costs → the larger ratio), budgets resolved as CAFF's
    (:func:`~subfl.methods.finetuning_common.resolve_budget`). A device that fits no ratio raises ``ValueError``
    naming it and the constraint the smallest ratio exceeds.
@@ -60,12 +60,12 @@ from ..fl.types import ClientProfile, Task, Update
 from ..models.factorized import FactorizedLinear, LayerSpec, dense_weight, layer_specs, svd_factors
 from ..models.transformers import EMBEDDING_NAMES, LORA_TARGETS, trainable_parameter_names, transformer_blocks
 from ..sampling import keep_count
-from ..fl.method import ClientContext, Method, ServerContext, ServerState, clone_tensors
+from ..fl.method import ClientContext, ServerContext, ServerState, clone_tensors
 from .caff import layerwise_average
-from .finetuning_common import (FinetuningMethod, DeviceBudget, as_budget, check_architecture, check_group_budgets,
-                                declared_population, exceeded, fixed_depth, group_means, largest_fitting,
-                                measurement_batch, optimizer_state, pretrained_model, pretrained_source,
-                                resolve_budget, rows_for, table_rows, train_transformer)
+from .finetuning_common import (FinetuningMethod, DeviceBudget, check_architecture, check_group_budgets,
+                                assign_largest, declared_population, fixed_depth, group_means, measurement_batch,
+                                optimizer_state, pretrained_model, pretrained_source, resolve_budget, rows_for,
+                                table_rows, train_transformer)
 
 DEFAULT_RANK_RATIOS: tuple[float, ...] = (1.0, 0.5, 0.25, 0.125)
 """The candidate rank ratios ``ρ`` (1: the dense model)."""
@@ -178,18 +178,6 @@ def ratio_rows(resource_table: pd.DataFrame | Sequence[Mapping[str, Any]], rank_
     return rows_for(rows, "rank_ratio", [float(r) for r in rank_ratios])
 
 
-def assign_ratio(rows: Mapping[float, Mapping[str, Any]], budget: Any) -> float:
-    """The largest rank ratio whose memory, upload and FLOPs fit ``budget``; ``ValueError`` naming the device and the
-    constraint(s) the smallest ratio exceeds when none fits."""
-    budget = as_budget(budget)
-    ratio = largest_fitting(rows, budget)
-    if ratio is None:
-        smallest = min(rows)
-        raise ValueError(f"device {budget.device} cannot train any FedHM rank ratio of {sorted(rows, reverse=True)}: "
-                         f"the smallest exceeds {exceeded(rows[smallest], budget, f'rank_ratio={smallest:g}')}")
-    return float(ratio)
-
-
 def _client_model(model_fn: Callable[..., nn.Module], layers: int, ranks: Mapping[str, int]) -> nn.Module:
     return low_rank_model(model_fn(layers=layers), ranks)
 
@@ -237,7 +225,7 @@ class FedHM(FinetuningMethod):
     def configure(self, state: ServerState, round: int, clients: Sequence[ClientProfile],
                   ctx: ServerContext) -> dict[int, Task]:
         rows = {float(row["rank_ratio"]): row for row in state["table"]}
-        ratios = {p.client_id: assign_ratio(rows, self.budget(p, ctx)) for p in clients}
+        ratios = {p.client_id: float(assign_largest(rows, self.budget(p, ctx), "FedHM rank ratio", "rank_ratio")) for p in clients}
         specs = self._specs(ctx.model_fn, state["layers"])
         weights = state["weights"]
         svds = ({name: svd_factors(weights[f"{name}.weight"].reshape(spec.out_features, spec.in_features))
@@ -280,6 +268,6 @@ class FedHM(FinetuningMethod):
                       {**stats, "rank_ratio": float(cfg["rank_ratio"]), "group": cfg.get("group", "")})
 
 
-__all__ = ["DEFAULT_RANK_RATIOS", "FedHM", "assign_ratio", "check_rank_ratios", "dense_update",
+__all__ = ["DEFAULT_RANK_RATIOS", "FedHM", "check_rank_ratios", "dense_update",
            "factorized_layer_names", "factorized_payload", "fedhm_resource_table", "freeze_embeddings",
            "layer_ranks", "low_rank_model", "ratio_rows", "truncated_factors"]

@@ -190,6 +190,20 @@ def largest_fitting(rows: Mapping[Any, Mapping[str, Any]], budget: Any) -> Any |
     return max((value for value, row in rows.items() if not violated_constraints(row, budget)), default=None)
 
 
+def assign_largest(rows: Mapping[Any, Mapping[str, Any]], budget: Any, what: str, key: str) -> Any:
+    """The largest configuration of ``rows`` (a LoRA rank, a rank ratio, a depth, a width: ``what`` names it for
+    messages, ``key`` is its column name, e.g. ``"rank"``) whose
+    memory, upload and FLOPs fit ``budget`` (CAFF appendix, Eq. 7; a cost equal to the budget fits); ``ValueError``
+    naming the device and the constraint(s) the smallest configuration exceeds when none fits."""
+    budget = as_budget(budget)
+    value = largest_fitting(rows, budget)
+    if value is None:
+        smallest = min(rows)
+        raise ValueError(f"device {budget.device} cannot train any {what} of {sorted(rows, reverse=True)}: the "
+                         f"smallest exceeds {exceeded(rows[smallest], budget, f'{key}={smallest:g}')}")
+    return value
+
+
 # ----- pretrained weights ---------------------------------------------------------------------------------------
 def pretrained_source(option: Any, ctx: ServerContext, method: str) -> Any:
     """Option ``pretrained``, else ``ctx.extra["pretrained"]``; ``ValueError`` when neither is given."""
@@ -327,6 +341,6 @@ def group_means(rows: Sequence[Mapping[str, Any]], key: str, metric: str) -> dic
 
 __all__ = ["CONSTRAINTS", "CONSTRAINT_COLUMNS", "DeviceBudget", "InputLoss", "PRETRAINING_SCALES", "UNITS",
            "as_budget", "check_architecture", "check_group_budgets", "declared_population", "device_budgets",
-           "exceeded", "fixed_depth", "group_means", "largest_fitting", "measurement_batch", "model_kind",
+           "assign_largest", "exceeded", "fixed_depth", "group_means", "largest_fitting", "measurement_batch", "model_kind",
            "optimizer_state", "pretrained_depths", "pretrained_model", "pretrained_source", "pretrained_state",
            "resolve_budget", "rows_for", "table_rows", "train_transformer", "violated_constraints"]

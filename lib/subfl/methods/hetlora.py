@@ -12,7 +12,7 @@ the final LayerNorm and the head trained.
    (:func:`subfl.costs.finetuning.resource_table` with scheme ``lora``: peak training memory, upload bytes of the
    trained parameters, GFLOPs per mini-batch; or option ``resource_table``, rows with ``rank, memory_mb, upload_mb,
    gflops``, rows of another ``scheme`` or depth ``layers`` ignored when those columns exist). Each round a device gets the largest rank whose three costs fit
-   its budgets (:func:`assign_rank`; a cost equal to the budget fits; equal costs → the larger rank). Budgets are
+   its budgets (:func:`~subfl.methods.finetuning_common.assign_largest`; a cost equal to the budget fits; equal costs → the larger rank). Budgets are
    resolved exactly as CAFF's (:func:`~subfl.methods.finetuning_common.resolve_budget`: profile fields, option
    ``devices`` / ``ServerContext.extra["devices"]``, option ``budgets`` by group). A device that fits no rank
    raises ``ValueError`` naming it and the constraint the smallest rank exceeds (CAFF marks such a setting in its
@@ -59,11 +59,11 @@ from ..costs.finetuning import resource_table as measure_resource_table
 from ..fl.training import ClientDataset
 from ..fl.types import ClientProfile, Task, Update
 from ..models.transformers import add_lora, trainable_parameter_names
-from ..fl.method import ClientContext, Method, ServerContext, ServerState, clone_tensors
-from .finetuning_common import (FinetuningMethod, DeviceBudget, as_budget, check_architecture, check_group_budgets,
-                                declared_population, exceeded, fixed_depth, group_means, largest_fitting,
-                                measurement_batch, optimizer_state, pretrained_model, pretrained_source,
-                                resolve_budget, rows_for, table_rows, train_transformer)
+from ..fl.method import ClientContext, ServerContext, ServerState, clone_tensors
+from .finetuning_common import (FinetuningMethod, DeviceBudget, check_architecture, check_group_budgets,
+                                assign_largest, declared_population, fixed_depth, group_means, measurement_batch,
+                                optimizer_state, pretrained_model, pretrained_source, resolve_budget, rows_for,
+                                table_rows, train_transformer)
 
 DEFAULT_RANKS: tuple[int, ...] = (24, 12, 6, 3)
 """The candidate LoRA ranks: 24, 12 and 3 (CAFF's Fig. 5) and 6."""
@@ -85,18 +85,6 @@ def lora_rows(resource_table: pd.DataFrame | Sequence[Mapping[str, Any]], ranks:
     exist); ``ValueError`` naming a rank without a row."""
     rows = table_rows(resource_table, "rank", layers=layers, scheme="lora")
     return {int(r): row for r, row in rows_for(rows, "rank", [int(r) for r in ranks]).items()}
-
-
-def assign_rank(rows: Mapping[int, Mapping[str, Any]], budget: Any) -> int:
-    """The largest rank whose memory, upload and FLOPs fit ``budget``; ``ValueError`` naming the device and the
-    constraint(s) the smallest rank exceeds when none fits."""
-    budget = as_budget(budget)
-    rank = largest_fitting(rows, budget)
-    if rank is None:
-        smallest = min(rows)
-        raise ValueError(f"device {budget.device} cannot train any LoRA rank of {sorted(rows, reverse=True)}: the "
-                         f"smallest exceeds {exceeded(rows[smallest], budget, f'rank={smallest}')}")
-    return int(rank)
 
 
 def truncate_lora(weights: Mapping[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
@@ -202,7 +190,7 @@ class HetLoRA(FinetuningMethod):
         rows = {int(row["rank"]): row for row in state["table"]}
         tasks = {}
         for profile in clients:
-            rank = assign_rank(rows, self.budget(profile, ctx))
+            rank = int(assign_largest(rows, self.budget(profile, ctx), "LoRA rank", "rank"))
             config = {"train": ctx.train_config(round), "layers": state["layers"], "rank": rank,
                       "group": profile.group, "task": ctx.task}
             tasks[profile.client_id] = Task(profile.client_id, round, truncate_lora(state["weights"], rank), config)
@@ -235,5 +223,5 @@ class HetLoRA(FinetuningMethod):
                       {**stats, "rank": int(cfg["rank"]), "group": cfg.get("group", "")})
 
 
-__all__ = ["DEFAULT_RANKS", "HetLoRA", "assign_rank", "check_ranks", "lora_model", "lora_rows", "padded_average",
+__all__ = ["DEFAULT_RANKS", "HetLoRA", "check_ranks", "lora_model", "lora_rows", "padded_average",
            "truncate_lora"]

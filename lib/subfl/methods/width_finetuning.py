@@ -15,7 +15,7 @@ The server keeps the full-width pretrained ``F_l``. Each round, for each device:
    — peak training memory, upload bytes of the trained parameters, GFLOPs per mini-batch — as CAFF measures its
    configurations; or option ``resource_table``, rows with ``width, memory_mb, upload_mb, gflops``, rows of another
    depth ``layers`` ignored when that column exists). A device gets the largest ``s`` whose three costs fit its
-   budgets (:func:`assign_width`; a cost equal to the budget fits; equal costs → the larger width), budgets resolved
+   budgets (:func:`~subfl.methods.finetuning_common.assign_largest`; a cost equal to the budget fits; equal costs → the larger width), budgets resolved
    as CAFF's (:func:`~subfl.methods.finetuning_common.resolve_budget`: profile fields, option ``devices`` /
    ``ServerContext.extra["devices"]``, option ``budgets`` by group). A device that fits no width raises
    ``ValueError`` naming it and the constraint(s) the smallest width exceeds.
@@ -95,10 +95,10 @@ from ..models.slicing import (Offset, SliceIndices, _offset_for, average_slices,
 from ..models.transformers import Attention, trainable_parameter_names
 from ..fl.method import ClientContext, Method, ServerContext, ServerState, clone_tensors
 from .fedhm import freeze_embeddings
-from .finetuning_common import (FinetuningMethod, DeviceBudget, as_budget, check_architecture, check_group_budgets,
-                                declared_population, exceeded, fixed_depth, group_means, largest_fitting,
-                                measurement_batch, optimizer_state, pretrained_model, pretrained_source,
-                                resolve_budget, rows_for, table_rows, train_transformer)
+from .finetuning_common import (FinetuningMethod, DeviceBudget, check_architecture, check_group_budgets,
+                                assign_largest, declared_population, fixed_depth, group_means, measurement_batch,
+                                optimizer_state, pretrained_model, pretrained_source, resolve_budget, rows_for,
+                                table_rows, train_transformer)
 from .width import FedRolex, _OrderedDropout, global_width, level_name, model_width
 
 DEFAULT_WIDTHS: tuple[float, ...] = (1.0, 0.5, 0.25, 0.125)
@@ -237,18 +237,6 @@ def width_rows(resource_table: pd.DataFrame | Sequence[Mapping[str, Any]], width
     return {float(s): row for s, row in rows_for(rows, "width", [float(s) for s in widths]).items()}
 
 
-def assign_width(rows: Mapping[float, Mapping[str, Any]], budget: Any) -> float:
-    """The largest width whose memory, upload and FLOPs fit ``budget`` (CAFF appendix, Eq. 7); ``ValueError`` naming
-    the device and the constraint(s) the smallest width exceeds when none fits."""
-    budget = as_budget(budget)
-    width = largest_fitting(rows, budget)
-    if width is None:
-        smallest = min(rows)
-        raise ValueError(f"device {budget.device} cannot train any width of {sorted(rows, reverse=True)}: the "
-                         f"smallest exceeds {exceeded(rows[smallest], budget, f'width={smallest:g}')}")
-    return float(width)
-
-
 # ----- FjORD's ordered dropout ----------------------------------------------------------------------------------------
 class HeadAwareOrderedDropout(_OrderedDropout):
     """The cap-width model run at a width drawn uniformly per forward pass (FjORD's ordered dropout, Horváth et al.,
@@ -356,7 +344,7 @@ class WidthFinetuning(FinetuningMethod):
         rows = {float(row["width"]): row for row in state["table"]}
         tasks = {}
         for profile in clients:
-            width = assign_width(rows, self.budget(profile, ctx))
+            width = float(assign_largest(rows, self.budget(profile, ctx), "width", "width"))
             indices = self.indices(ctx.model_fn, state["layers"], width, self.offset(round))
             tasks[profile.client_id] = Task(profile.client_id, round, extract(state["weights"], indices),
                                             self.client_config(state, round, profile, width, ctx))
@@ -472,6 +460,6 @@ WIDTH_FINETUNING_METHODS: dict[str, type[Method]] = {
 
 
 __all__ = ["DEFAULT_WIDTHS", "FedRolexFinetuning", "FjORDFinetuning", "HeadAwareOrderedDropout", "HeteroFLFinetuning",
-           "ROLLS", "WIDTH_FINETUNING_METHODS", "WidthFinetuning", "assign_width", "attention_heads", "check_roll",
+           "ROLLS", "WIDTH_FINETUNING_METHODS", "WidthFinetuning", "attention_heads", "check_roll",
            "check_widths", "head_aware_indices", "head_channels", "rolling_offset", "select_slice", "width_model",
            "width_resource_table", "width_rows"]
