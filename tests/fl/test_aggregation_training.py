@@ -26,12 +26,16 @@ def test_weighted_average_rejects_bad_weights(weights):
 
 def test_cosine_and_step_schedules():
     cos = LocalTraining(lr=0.1, lr_schedule="cosine", lr_min=0.0)
-    assert cos.lr_at(0, 11) == pytest.approx(0.1)
-    assert cos.lr_at(5, 11) == pytest.approx(0.05)
-    assert cos.lr_at(10, 11) == pytest.approx(0.0, abs=1e-12)
+    assert cos.lr_at(0, 10) == pytest.approx(0.1)
+    assert cos.lr_at(5, 10) == pytest.approx(0.05)
+    # the last round still learns: 0.05 (1 + cos(0.9 π)) = 0.05 (1 - 0.951057) = 0.0024472
+    assert cos.lr_at(9, 10) == pytest.approx(0.0024471742, rel=1e-6)
+    assert all(cos.lr_at(t, 10) > cos.lr_at(t + 1, 10) > 0 for t in range(9))
+    assert LocalTraining(lr=0.1, lr_schedule="cosine", lr_min=0.01).lr_at(9, 10) == pytest.approx(
+        0.01 + 0.045 * (1 - 0.9510565163), rel=1e-6)
     step = LocalTraining(lr=1.0, lr_schedule="step", lr_milestones=(0.5, 0.75), lr_decay=0.1)
     assert [step.lr_at(r, 100) for r in (0, 49, 50, 75)] == pytest.approx([1.0, 1.0, 0.1, 0.01])
-    assert math.isclose(cos.round_config(5, 11)["lr"], 0.05)
+    assert math.isclose(cos.round_config(5, 10)["lr"], 0.05)
 
 
 @pytest.mark.parametrize("kwargs, name", [
@@ -47,10 +51,11 @@ def test_training_settings_validation(kwargs, name):
 def test_server_context_numbers_rounds_from_one():
     from subfl.fl.method import ServerContext
 
-    ctx = ServerContext(model_fn=lambda: None, training=LocalTraining(lr=0.1, lr_schedule="cosine"), rounds=11,
+    ctx = ServerContext(model_fn=lambda: None, training=LocalTraining(lr=0.1, lr_schedule="cosine"), rounds=10,
                         seed=0, num_classes=10, input_shape=(1, 8, 8))
     assert ctx.train_config(1)["lr"] == pytest.approx(0.1)  # first round: full learning rate
-    assert ctx.train_config(11)["lr"] == pytest.approx(0.0, abs=1e-12)  # last round: lr_min
+    assert ctx.train_config(6)["lr"] == pytest.approx(0.05)  # round 6 is 0-based t = 5 of 10: half way
+    assert ctx.train_config(10)["lr"] == pytest.approx(0.0024471742, rel=1e-6)  # the last round still learns
     with pytest.raises(ValueError, match="round"):
         ctx.train_config(0)
 

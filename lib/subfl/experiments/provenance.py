@@ -27,8 +27,9 @@ import numpy as np
 import torch
 
 ENGINE_VERSION = 1
-"""Version of the round loop (:mod:`subfl.fl`): client selection, local training loop, evaluation, ledger,
-learning-rate schedules. Bump it when any of them computes something different."""
+"""Version of the round loop (:mod:`subfl.fl`): client selection, local training loop, evaluation, ledger. Bump it
+when any of them computes something different. Learning-rate schedules carry their own versions
+(:data:`subfl.fl.training.SCHEDULE_VERSIONS`)."""
 
 DATA_VERSION = 1
 """Version of the data pipeline shared by every dataset: sample caps, test subset, partitioners, local test split."""
@@ -66,8 +67,9 @@ def _jsonable(value: Any) -> Any:
 def run_versions(config) -> dict[str, int]:
     """The versions a run of ``config`` executes: ``engine``, ``data``, ``method:<name>`` (and
     ``method:<name>.<option>`` for each behaviour-changing option it sets away from its default),
-    ``model:<name>`` and ``dataset:<name>``."""
+    ``model:<name>``, ``dataset:<name>`` and, for a non-constant learning-rate schedule, ``schedule:<name>``."""
     from ..data.datasets import dataset_version
+    from ..fl.training import SCHEDULE_VERSIONS
     from ..methods import METHODS
     from ..models import model_spec
 
@@ -75,6 +77,8 @@ def run_versions(config) -> dict[str, int]:
     versions.update(METHODS[config.method].behaviour_versions(dict(config.method_options)))
     versions[f"model:{config.model}"] = model_spec(config.model).version
     versions[f"dataset:{config.dataset}"] = dataset_version(config.dataset)
+    if config.lr_schedule != "constant":
+        versions[f"schedule:{config.lr_schedule}"] = SCHEDULE_VERSIONS[config.lr_schedule]
     return dict(sorted(versions.items()))
 
 

@@ -21,12 +21,19 @@ from ..data.base import ArrayData
 OPTIMIZERS = ("sgd", "adam", "adamw")
 LR_SCHEDULES = ("constant", "cosine", "step")
 
+SCHEDULE_VERSIONS = {"constant": 1, "cosine": 2, "step": 1}
+"""Version of each learning-rate schedule (part of the run key of every run that uses a non-constant one).
+``cosine`` v2: round t of T trains at ``lr_min + (lr - lr_min)(1 + cos(π t / T)) / 2`` (SGDR's annealing without
+restarts, Loshchilov & Hutter 2017, Eq. 5, with T_cur = t rounds done); v1 used ``t / (T - 1)`` and so trained the last
+round at ``lr_min`` (0 by default), a round of no learning."""
+
 
 @dataclass(frozen=True)
 class LocalTraining:
     """Client optimiser settings and the server-side learning-rate schedule across rounds.
 
-    ``lr_schedule``: ``constant``; ``cosine`` (annealed from ``lr`` to ``lr_min`` over the run's rounds);
+    ``lr_schedule``: ``constant``; ``cosine`` (annealed from ``lr`` towards ``lr_min`` over the run's rounds: round
+    ``t`` (0-based) of ``T`` uses ``lr_min + (lr - lr_min)(1 + cos(π t/T))/2``, so every round learns);
     ``step`` (multiplied by ``lr_decay`` at each round listed in ``lr_milestones``, given as fractions of the
     run). ``local_steps``, when set, replaces ``local_epochs`` by a fixed number of mini-batches.
     """
@@ -65,7 +72,7 @@ class LocalTraining:
     def lr_at(self, round: int, rounds: int) -> float:
         """Learning rate of ``round`` (0-based) in a run of ``rounds`` rounds."""
         if self.lr_schedule == "cosine":
-            t = round / max(1, rounds - 1)
+            t = round / rounds
             return self.lr_min + 0.5 * (self.lr - self.lr_min) * (1 + math.cos(math.pi * t))
         if self.lr_schedule == "step":
             passed = sum(1 for m in self.lr_milestones if round >= m * rounds)
