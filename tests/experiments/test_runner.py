@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 import torch
 
-from subfl.experiments import make_config, run_experiment
+from subfl.experiments import make_config, prepare_data, run_experiment
 from subfl.fl.engine import CHECKPOINT_NAME
 
 
@@ -221,3 +221,27 @@ def test_a_longer_run_repeats_the_shorter_run_round_for_round(tmp_path, method):
     short = run_experiment(cosine.replace(rounds=2), tmp_path / "cos_short", cache=False)
     longer = run_experiment(cosine.replace(rounds=4), tmp_path / "cos_long", cache=False)
     assert longer.curve("train_loss").value.iloc[1] != short.curve("train_loss").value.iloc[1]
+
+
+def test_verify_false_reads_a_repacked_copy_that_verification_refuses(tmp_path):
+    """A data file re-written to travel (same arrays, other bytes) fails the manifest check; ``verify=False`` loads it
+    and gives the same clients and samples as the original."""
+    import numpy as np
+
+    from subfl.data import clear_dataset_cache
+    from tests.conftest import data_root
+
+    root = data_root()
+    if root is None or not (root / "femnist_leaf_subset.npz").exists():
+        pytest.skip("the FEMNIST subset is not in the data root")
+    with np.load(root / "femnist_leaf_subset.npz") as original:
+        np.savez(tmp_path / "femnist_leaf_subset.npz", **{k: original[k] for k in original.files})  # uncompressed
+    config = make_config("fedavg", "femnist", scale="ci")
+    with pytest.raises(ValueError, match="sha256"):
+        prepare_data(config, tmp_path)
+    clear_dataset_cache()
+    repacked = prepare_data(config, tmp_path, verify=False)
+    clear_dataset_cache()
+    reference = prepare_data(config, root)
+    assert torch.equal(repacked[0].train.x, reference[0].train.x)
+    assert [p.tolist() for p in repacked[2]] == [p.tolist() for p in reference[2]]

@@ -67,15 +67,18 @@ def _subset(data: ArrayData, n: int | None, rng: np.random.Generator) -> ArrayDa
     return data.subset(np.sort(rng.permutation(len(data))[:n]))
 
 
-def prepare_data(config: ExperimentConfig, data_root: str | Path | None = None,
+def prepare_data(config: ExperimentConfig, data_root: str | Path | None = None, *, verify: bool = True,
                  ) -> tuple[FederatedDataset, ArrayData, list[np.ndarray]]:
     """Load the dataset, apply the scale's sample caps and partition the training set into clients.
+
+    ``verify``: check the data files against the manifest's sha256 (``False`` for a copy whose bytes differ but whose
+    arrays do not, e.g. files re-packed to travel to another machine; the run's numbers do not depend on it).
 
     The test subset is drawn with a seed-independent generator so that every seed of an experiment is
     scored on the same test samples. With ``local_test_fraction > 0`` the partition's index arrays still hold
     every sample of a client; :func:`client_splits` separates the local test sets.
     """
-    dataset = load_dataset(config.dataset, data_root, **dict(config.dataset_options))
+    dataset = load_dataset(config.dataset, data_root, verify=verify, **dict(config.dataset_options))
     train = _subset(dataset.train, config.max_train_samples, numpy_rng(config.seed, "train-subset"))
     test = _subset(dataset.test, config.max_test_samples, numpy_rng(0, "test-subset"))
     dataset = FederatedDataset(**{**dataset.__dict__, "train": train})
@@ -180,12 +183,13 @@ def run_cache_dir() -> Path:
 
 def run_experiment(config: ExperimentConfig, out_dir: str | Path | None = None, *, cache: bool = True,
                    data_root: str | Path | None = None, progress: bool | None = None,
-                   stop_after_round: int | None = None) -> RunResult:
+                   stop_after_round: int | None = None, verify: bool = True) -> RunResult:
     """Run (or read back from the cache) one experiment.
 
     ``out_dir``: where the result files go (and the checkpoint while running; a run interrupted and started
     again with the same config and ``out_dir`` resumes). Without ``out_dir`` the run lives in the cache.
     ``cache``: read a finished identical run from the cache and store this one there.
+    ``verify``: check the data files against the manifest (:func:`prepare_data`).
     """
     key = run_key(config)
     cached_dir = run_cache_dir() / key[:24]
@@ -197,7 +201,7 @@ def run_experiment(config: ExperimentConfig, out_dir: str | Path | None = None, 
                 shutil.copyfile(cached_dir / name, target / name)
         return RunResult(config, target, from_cache=True)
     target.mkdir(parents=True, exist_ok=True)
-    dataset, test, parts = prepare_data(config, data_root)
+    dataset, test, parts = prepare_data(config, data_root, verify=verify)
     parts, local_tests = client_splits(config, parts)
     method = make_method(config.method, **dict(config.method_options))
     ctx = ServerContext(model_fn=ModelFactory(config, dataset), training=config.training, rounds=config.rounds,
