@@ -461,6 +461,26 @@ def _evaluation_models(result: RunResult, dataset) -> dict[str, torch.nn.Module]
     return method.evaluation_models(result.state(), _server_context(result.config, dataset))
 
 
+def final_confusions(result: RunResult, data_root: str | None = None, *, prepared=None) -> dict[str, "np.ndarray"]:
+    """``{model name: confusion matrix}`` (true class × predicted class) of each evaluation model of a finished run
+    on its test set. A stored run that recorded them (:mod:`subfl_book.store`) answers without its weights; otherwise
+    the models are rebuilt from the run's final state. ``prepared``: the run's ``prepare_data(config)`` if at hand."""
+    from subfl.experiments.runner import prepare_data
+    from subfl.metrics.fairness import confusion_matrix, model_predictions
+
+    recorded = getattr(result, "confusions", None)
+    if recorded is not None:
+        return recorded
+    if result.diverged:
+        raise ValueError(f"run {result.config.label()} diverged; its final model is not a result")
+    dataset, test, _ = prepare_data(result.config, data_root) if prepared is None else prepared
+    out = {}
+    for name, model in _evaluation_models(result, dataset).items():
+        preds, truth = model_predictions(model, test)
+        out[name] = confusion_matrix(preds, truth, dataset.num_classes)
+    return out
+
+
 def final_models(result: RunResult, data_root: str | None = None, *, dataset=None) -> dict[str, torch.nn.Module]:
     """The models a finished run is evaluated with (its method's ``evaluation_models`` of the saved final server
     state, ``{"global": …, group: …}``), rebuilt on the CPU. ``dataset``: the run's ``prepare_data(config)[0]``
@@ -514,8 +534,8 @@ def weak_device_f1_table(results: Iterable[RunResult], weak_groups: Sequence[str
     returning one."""
     import numpy as np
 
-    from subfl.metrics.fairness import class_f1, confusion_matrix, model_predictions
     from subfl.experiments.runner import client_splits, prepare_data
+    from subfl.metrics.fairness import class_f1
 
     rows = []
     for result in results:
@@ -524,20 +544,21 @@ def weak_device_f1_table(results: Iterable[RunResult], weak_groups: Sequence[str
         if result.diverged:
             rows.append({**row, "weak_f1": np.nan, "strong_f1": np.nan, "macro_f1": np.nan, "accuracy": np.nan})
             continue
-        dataset, test, parts = prepare_data(config, data_root)  # once per run: model, test set and partition
+        prepared = prepare_data(config, data_root)  # once per run: test set and partition
+        dataset, _, parts = prepared
         train_parts = client_splits(config, parts)[0]
-        models = _evaluation_models(result, dataset)
+        confusions = final_confusions(result, data_root, prepared=prepared)
         key = model(result) if callable(model) else model
-        if key not in models:
+        if key not in confusions:
             raise ValueError(f"model={key!r} is not an evaluation model of run {config.label()}; accepted: "
-                             f"{', '.join(models)}")
-        preds, truth = model_predictions(models[key], test)
-        f1 = class_f1(confusion_matrix(preds, truth, dataset.num_classes))
-        present = np.bincount(truth, minlength=dataset.num_classes) > 0
+                             f"{', '.join(confusions)}")
+        matrix = confusions[key]
+        f1 = class_f1(matrix)
+        present = matrix.sum(axis=1) > 0
         weak = _group_probabilities(config, dataset, train_parts, weak_groups)
         strong = _group_probabilities(config, dataset, train_parts, strong_groups)
         rows.append({**row, "weak_f1": float(weak @ f1), "strong_f1": float(strong @ f1),
-                     "macro_f1": float(f1[present].mean()), "accuracy": float((preds == truth).mean())})
+                     "macro_f1": float(f1[present].mean()), "accuracy": float(np.trace(matrix) / matrix.sum())})
     return pd.DataFrame(rows)
 
 
@@ -588,6 +609,6 @@ def bn_recalibrated_accuracy(result: RunResult, data_root: str | None = None, *,
 
 
 __all__ = ["IMAGE_SHAPES", "best_within_cost", "group_members", "bn_recalibrated_accuracy", "recalibrate_batchnorm", "client_levels", "client_round_bytes", "finding_status", "finetuning_costs",
-           "final_models", "finetuning_setting", "finetuning_table", "group_class_probabilities", "mean_std_labels", "ordering_check", "payload_by_level",
+           "final_confusions", "final_models", "finetuning_setting", "finetuning_table", "group_class_probabilities", "mean_std_labels", "ordering_check", "payload_by_level",
            "pretrained_zero_shot", "stage_seconds", "svd_refresh_seconds", "upload_savings", "with_server_shares",
            "weak_device_f1_table", "width_costs", "width_table"]

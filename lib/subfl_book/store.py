@@ -2,7 +2,9 @@
 
 A record is one gzip-compressed JSON file per run, named by its run key
 (:func:`subfl.experiments.provenance.run_key`: canonical config, versions, environment class), holding the config,
-the versions, the environment, the summary, the history, the full communication ledger and the stage timings.
+the versions, the environment, the summary, the history, the full communication ledger, the stage timings and, for a
+classification run that did not diverge, the confusion matrix of each final evaluation model on the test set (so the
+class-specific metrics of CAFF §4.4 are read without weights; stored sparse).
 Final weights are kept (``<key>.state.pt``) only for the runs a page evaluates again (``keep_state=True``).
 
 :func:`run_experiment` reads a run from the store when its key is there and computes it otherwise (resuming from a
@@ -23,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -99,13 +102,34 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def save_record(result: RunResult, key: str, *, keep_state: bool = False, root: Path | None = None) -> Path:
+def _sparse(matrix: np.ndarray) -> dict[str, Any]:
+    rows, cols = np.nonzero(matrix)
+    return {"shape": list(matrix.shape), "entries": [[int(i), int(j), int(matrix[i, j])] for i, j in zip(rows, cols)]}
+
+
+def _dense(sparse: dict[str, Any]) -> np.ndarray:
+    matrix = np.zeros(sparse["shape"], dtype=np.int64)
+    for i, j, count in sparse["entries"]:
+        matrix[i, j] = count
+    return matrix
+
+
+def _confusions(result: RunResult, data_root: str | Path | None) -> dict[str, Any] | None:
+    from .analysis import final_confusions
+
+    if result.diverged:
+        return None
+    return {name: _sparse(m) for name, m in final_confusions(result, data_root).items()}
+
+
+def save_record(result: RunResult, key: str, *, keep_state: bool = False, data_root: str | Path | None = None,
+                root: Path | None = None) -> Path:
     """Write ``result`` into the store under ``key`` (atomically); its weights too with ``keep_state``."""
     summary = result.summary
     record = {"key": key, "config": summary["config"], "canonical_config": summary["canonical_config"],
               "versions": summary["versions"], "environment": summary["environment"], "summary": summary,
               "history": _frame_columns(result.history), "ledger": _frame_columns(result.ledger),
-              "timings": _frame_columns(result.timings)}
+              "timings": _frame_columns(result.timings), "confusions": _confusions(result, data_root)}
     text = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str).encode()
     path = record_path(key, root)
     if keep_state:
@@ -127,6 +151,8 @@ class StoredRun(RunResult):
         self.__dict__["history"] = history.astype({"round": int, "metric": str, "value": float, "group": str})
         self.__dict__["ledger"] = _frame(record["ledger"])
         self.__dict__["timings"] = _frame(record["timings"])
+        confusions = record.get("confusions")
+        self.confusions = None if confusions is None else {k: _dense(v) for k, v in confusions.items()}
         self._state_file = state_file
 
     def state(self) -> dict[str, Any]:
@@ -164,7 +190,7 @@ def run_experiment(config: ExperimentConfig, *, data_root: str | Path | None = N
     work = work_root() / key[:24]
     with book_threads():
         result = compute_run(config, work, cache=False, data_root=data_root, progress=progress)
-    save_record(result, key, keep_state=keep_state)
+    save_record(result, key, keep_state=keep_state, data_root=data_root)
     shutil.rmtree(work, ignore_errors=True)
     return load_record(config, key)
 

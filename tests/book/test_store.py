@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -76,3 +77,20 @@ def test_renaming_a_private_engine_helper_changes_no_key(tmp_path):
 
 def test_the_committed_store_stays_within_its_size_budget():
     assert store.store_size_bytes(ROOT / "store") <= store.SIZE_BUDGET_MB * 1e6
+
+
+def test_a_stored_run_answers_class_metrics_without_its_weights(tmp_store):
+    from subfl_book.analysis import final_confusions, weak_device_f1_table
+
+    config = make_config("fedavg", "digits", scale="ci", rounds=2, max_train_samples=200,
+                         heterogeneity="0.5:0.5,1.0:0.5")
+    stored = store.run_experiment(config)  # no weights kept
+    direct = compute_run(config, tmp_store / "direct", cache=False)
+    recorded, rebuilt = final_confusions(stored), final_confusions(direct)
+    assert set(recorded) == set(rebuilt) == {"global"}
+    from subfl.experiments import prepare_data
+    assert (recorded["global"] == rebuilt["global"]).all()
+    assert recorded["global"].sum() == len(prepare_data(config)[1])  # one entry per test sample
+    accuracy = np.trace(recorded["global"]) / recorded["global"].sum()
+    assert accuracy == pytest.approx(stored.final("accuracy"), abs=1e-12)  # the engine scored the same predictions
+    pd.testing.assert_frame_equal(weak_device_f1_table([stored]), weak_device_f1_table([direct]))
