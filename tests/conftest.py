@@ -2,17 +2,10 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import pytest
 import torch
-
-os.environ.setdefault("TQDM_DISABLE", "1")
-# Notebook kernels started by nbval inherit these: no test run writes into the repository's store.
-for _name, _prefix in (("SUBFL_STORE_DIR", "store"), ("SUBFL_WORK_DIR", "work"), ("SUBFL_CACHE_DIR", "cache"),
-                       ("SUBFL_ARTIFACTS_DIR", "artifacts")):
-    os.environ.setdefault(_name, tempfile.mkdtemp(prefix=f"subfl-test-{_prefix}-"))
 
 
 @pytest.fixture(autouse=True)

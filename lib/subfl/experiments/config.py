@@ -78,7 +78,7 @@ class ExperimentConfig:
         return d
 
     def key(self) -> str:
-        """A stable hash of the configuration (used with the code fingerprint as the cache key)."""
+        """A hash of every field, ``scale`` included (a run's identity is :func:`~subfl.experiments.provenance.run_key`)."""
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True, default=str).encode()).hexdigest()
 
     def replace(self, **changes: Any) -> "ExperimentConfig":
