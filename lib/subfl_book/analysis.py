@@ -451,7 +451,7 @@ def _server_context(config: ExperimentConfig, dataset) -> "ServerContext":
     return ServerContext(model_fn=ModelFactory(config, dataset), training=config.training, rounds=config.rounds,
                          seed=config.seed, num_classes=dataset.num_classes, input_shape=dataset.input_shape,
                          task=dataset.task, device="cpu", num_clients=config.num_clients,
-                         extra={"heterogeneity_levels": tuple(config.heterogeneity_setting.levels)})
+                         heterogeneity_levels=tuple(config.heterogeneity_setting.levels))
 
 
 def _evaluation_models(result: RunResult, dataset) -> dict[str, torch.nn.Module]:

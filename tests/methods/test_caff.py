@@ -140,10 +140,10 @@ def _lm_dataset(n_tokens: int = 400) -> FederatedDataset:
                             task="next_token", vocab_size=V)
 
 
-def _ctx(**extra) -> ServerContext:
+def _ctx(**fields) -> ServerContext:
     training = LocalTraining(optimizer="adamw", lr=1e-2, batch_size=4, local_steps=2)
     return ServerContext(model_fn=Factory(), training=training, rounds=2, seed=0, num_classes=V,
-                         input_shape=(CONTEXT,), task="next_token", num_clients=4, extra=extra)
+                         input_shape=(CONTEXT,), task="next_token", num_clients=4, **fields)
 
 
 def _pretrained() -> dict[int, dict[str, torch.Tensor]]:

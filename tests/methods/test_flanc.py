@@ -157,7 +157,7 @@ def test_registered_and_options_validated():
     with pytest.raises(ValueError, match="fits no FLANC width"):
         client_width(0.2, WIDTHS)
     with pytest.raises(ValueError, match="fits no FLANC width"):
-        make_method("flanc").init(_ctx(Factory("cnn", 0.25), extra={"heterogeneity_levels": (0.1, 1.0)}))
+        make_method("flanc").init(_ctx(Factory("cnn", 0.25), heterogeneity_levels=(0.1, 1.0)))
 
 
 def _constant_update(state, p, n, value, client):

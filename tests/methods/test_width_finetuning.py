@@ -31,10 +31,10 @@ GPT = Factory("tiny_gpt", num_classes=V, input_shape=(CONTEXT,), embed_dim=12, h
 """Tiny GPTs of width 12 (3 heads of 4 channels): width 0.5 -> 3 heads of 2 (E = 6), 0.25 -> 3 heads of 1 (E = 3)."""
 
 
-def _ctx(**extra) -> ServerContext:
+def _ctx(**fields) -> ServerContext:
     training = LocalTraining(optimizer="adamw", lr=1e-2, batch_size=4, local_steps=2)
     return ServerContext(model_fn=GPT, training=training, rounds=2, seed=0, num_classes=V, input_shape=(CONTEXT,),
-                         task="next_token", num_clients=4, extra=extra)
+                         task="next_token", num_clients=4, **fields)
 
 
 def _client_ctx(seed: int = 0) -> ClientContext:

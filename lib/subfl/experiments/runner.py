@@ -207,7 +207,7 @@ def run_experiment(config: ExperimentConfig, out_dir: str | Path | None = None, 
     ctx = ServerContext(model_fn=ModelFactory(config, dataset), training=config.training, rounds=config.rounds,
                         seed=config.seed, num_classes=dataset.num_classes, input_shape=dataset.input_shape,
                         task=dataset.task, device=config.device, num_clients=config.num_clients,
-                        extra={"heterogeneity_levels": tuple(config.heterogeneity_setting.levels)})
+                        heterogeneity_levels=tuple(config.heterogeneity_setting.levels))
     settings = EngineSettings(rounds=config.rounds, clients_per_round=config.clients_per_round,
                               eval_every=config.eval_every, seed=config.seed, device=config.device)
     result = run_simulation(method, dataset, parts, config.heterogeneity_setting, ctx, settings, test_data=test,

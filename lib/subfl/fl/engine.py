@@ -117,8 +117,8 @@ def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Se
     group names is evaluated once). With ``client_test_indices`` (one index array into ``dataset.train`` per
     client: its held-out local test set) each group's model is also scored on every client's local test set and
     the history gets ``local_<metric>`` rows: the unweighted mean over clients of their local values (the
-    personalised evaluation of FedP3 §5). A method with a ``personalized_models(state, ctx, client)`` hook
-    gives each client its own models for this; by default every client is scored with the global models.
+    personalised evaluation of FedP3 §5), with the models :meth:`~subfl.fl.method.Method.personalized_models` gives
+    each client (by default the global ones).
     """
     num_clients = len(client_indices)
     if num_clients < 1:
@@ -233,14 +233,13 @@ def _evaluate_models(models: dict[str, torch.nn.Module], data, settings: EngineS
 def _local_evaluation(method: Method, state: ServerState, ctx: ServerContext, models: dict[str, torch.nn.Module],
                       local_tests: Sequence[Any], settings: EngineSettings) -> dict[tuple[str, str], float]:
     """Mean over clients (each counted once, clients without local test data skipped) of every group's metrics
-    on the client's local test set; per-client models from ``method.personalized_models`` when it has one."""
-    personalized = getattr(method, "personalized_models", None)
+    on the client's local test set, with the models :meth:`Method.personalized_models` gives each client."""
     sums: dict[tuple[str, str], float] = {}
     count = 0
     for cid, data in enumerate(local_tests):
         if data is None:
             continue
-        client_models = models if personalized is None else personalized(state, ctx, cid)
+        client_models = method.personalized_models(state, ctx, cid, models)
         for key, value in _evaluate_models(client_models, data, settings, ctx.task).items():
             sums[key] = sums.get(key, 0.0) + value
         count += 1

@@ -9,7 +9,7 @@ history, checkpoints and progress bars. This mirrors Flower's ``Strategy`` confi
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -37,7 +37,15 @@ class ServerContext:
     task: str = "classification"
     device: str = "cpu"
     num_clients: int = 1
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    heterogeneity_levels: tuple[float, ...] | None = None
+    """The keep ratios the run's heterogeneity setting can give a client, when known up front (width methods build
+    their per-width models at ``init`` from them)."""
+    devices: Sequence[Any] | None = None
+    """The declared device population of a budget-driven method (CAFF and its baselines), when not given as the
+    method's option ``devices``."""
+    pretrained: Any = None
+    """Pretrained weights for methods that finetune (a ``{layers: state_dict}`` mapping, a pretraining scale or
+    ``"none"``), when not given as the method's option ``pretrained``."""
 
     def rng(self, *keys: int | str) -> np.random.Generator:
         """A numpy generator for a server-side draw, derived from (seed, *keys)."""
@@ -113,6 +121,12 @@ class Method:
     def evaluation_models(self, state: ServerState, ctx: ServerContext) -> dict[str, nn.Module]:
         """Models to evaluate on the test set, by group name (``"global"`` for the single global model)."""
         raise NotImplementedError
+
+    def personalized_models(self, state: ServerState, ctx: ServerContext, client: int,
+                            models: Mapping[str, nn.Module]) -> Mapping[str, nn.Module]:
+        """The models ``client`` is scored with on its own local test set (the engine's personalised evaluation,
+        FedP3 §5); ``models`` are this round's :meth:`evaluation_models`. Default: those, for every client."""
+        return models
 
     def round_metrics(self, state: ServerState, round: int) -> dict[tuple[str, str], float]:
         """Method-specific diagnostics of the round just aggregated, ``{(metric, group): value}``.

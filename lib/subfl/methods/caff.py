@@ -19,14 +19,14 @@ Given a family of pretrained tiny transformers ``F_l`` (``l`` blocks; :mod:`subf
 
 What counts as a budget. A device's budgets are, per constraint, the first that is set of: its
 :class:`~subfl.fl.types.ClientProfile` fields (``memory_mb``, ``upload_mb``, ``gflops``); the entry of the same
-device id in the declared population (option ``devices`` / ``ServerContext.extra["devices"]``, below); option
+device id in the declared population (option ``devices`` / ``ServerContext.devices``, below); option
 ``budgets`` ``{group: {"memory_mb": …, "upload_mb": …, "gflops": …}}`` keyed by the profile's group
 (``"0.25"`` …); else unconstrained. Units follow the resource table: MB = 10⁶ bytes of peak memory / upload per
 round, GFLOPs per mini-batch (forward + backward).
 
 Which devices Eq. 2 ranges over. Option ``devices`` (a list of budget dicts, one per device of the population;
 a dict's ``device`` key is the client id, its position in the list by default), else
-``ServerContext.extra["devices"]`` — the selection is then made at ``init``; else the clients of the first round
+``ServerContext.devices`` — the selection is then made at ``init``; else the clients of the first round
 (all devices under full participation; with partial participation the first round's sample stands in for the
 population, and a later device that cannot train one layer of the chosen ``F_l`` raises ``ValueError`` naming its
 binding constraint). Option ``architecture`` fixes ``l`` (only the ``t_c`` are chosen).
@@ -37,7 +37,7 @@ configuration ``F_l^t`` — instead of the largest ``t_c`` within its budgets. B
 device whose budgets ``F_l^t`` exceeds raises ``ValueError`` naming the binding constraint. Fig. 1 finetunes every
 device with the same ``F_l^t``, one point of its layer-finetuning curves per ``(l, t)``.
 
-Pretrained weights (option ``pretrained``, else ``ServerContext.extra["pretrained"]``):
+Pretrained weights (option ``pretrained``, else ``ServerContext.pretrained``):
 
 * a mapping ``{l: state_dict}`` (the candidate depths are its keys, unless option ``layers`` narrows them);
 * a scale name ``"ci"`` / ``"cpu"`` / ``"paper"``: :func:`subfl.pretraining.pretrain_family` of the
@@ -194,7 +194,7 @@ def layerwise_average(weights: Mapping[str, torch.Tensor], updates: Sequence[tup
 class CAFF(FinetuningMethod):
     """Constraint-aware federated finetuning of pretrained tiny transformers (see the module docstring).
 
-    Options: ``pretrained`` (None → ``ServerContext.extra["pretrained"]``), ``layers`` (candidate depths, None →
+    Options: ``pretrained`` (None → ``ServerContext.pretrained``), ``layers`` (candidate depths, None →
     all available), ``architecture`` (None → Eq. 3; an int fixes ``l``), ``trained_layers`` (None → each device's
     largest ``t_c`` within its budgets; an int ``t`` → every device trains ``F_l^t``, needs ``architecture``),
     ``devices`` (budgets of the population for Eq. 2), ``budgets`` (``{group: budget dict}``), ``resource_table``

@@ -17,7 +17,7 @@ a language model, the class token or mean token of a ViT). Exit ``l`` *is* the m
    when that column exists). The device gets the largest ``d_c`` whose three costs fit its budgets
    (:func:`~subfl.methods.finetuning_common.assign_largest`; a cost equal to the budget fits; equal costs → the deeper model), budgets resolved as
    CAFF's (:func:`~subfl.methods.finetuning_common.resolve_budget`: profile fields, option ``devices`` /
-   ``ServerContext.extra["devices"]``, option ``budgets`` by group). A device that fits no depth raises
+   ``ServerContext.devices``, option ``budgets`` by group). A device that fits no depth raises
    ``ValueError`` naming it and the constraint(s) depth 1 exceeds.
 2. **Download** (:func:`depth_payload`): the embeddings, the first ``d_c`` blocks and exits ``1 … d_c`` (the final
    LayerNorm and head only when ``d_c = l``) — a device of depth ``d_c`` holds nothing deeper (DepthFL's local model).
@@ -60,7 +60,7 @@ Choices where the papers are silent:
   targets' values do not change costs), so the exits' activations count towards the peak memory; the FLOP counter
   counts matrix products only (the exits' heads, not the softmaxes).
 * **Depth and pretrained weights**: as for :mod:`subfl.methods.hetlora` — option ``architecture`` (else the
-  configured model's depth), weights from option ``pretrained`` / ``ServerContext.extra["pretrained"]`` (a
+  configured model's depth), weights from option ``pretrained`` / ``ServerContext.pretrained`` (a
   ``{l: state_dict}`` mapping, ``"ci"`` / ``"cpu"`` / ``"paper"``, or ``"none"``).
 * **Zero-sample devices** take part with weight 0 (uniform if every device holding a tensor has ``n_c = 0``).
 
@@ -317,7 +317,7 @@ def depth_rows(resource_table: pd.DataFrame | Sequence[Mapping[str, Any]], layer
 class DepthFL(FinetuningMethod):
     """Depth-wise finetuning of a pretrained tiny transformer with early exits (see the module docstring).
 
-    Options: ``pretrained`` (None → ``ServerContext.extra["pretrained"]``), ``architecture`` (None → the configured
+    Options: ``pretrained`` (None → ``ServerContext.pretrained``), ``architecture`` (None → the configured
     model's depth), ``devices`` (declared budgets by device id), ``budgets`` (``{group: budget dict}``),
     ``resource_table`` (None → measured at ``init``), ``distill_weight`` (``λ`` >= 0, default 1.0), ``temperature``
     (``T`` > 0, default 1.0).

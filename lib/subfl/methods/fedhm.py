@@ -39,7 +39,7 @@ Choices where the paper is silent:
   (computed in float64, :func:`~subfl.models.factorized.svd_factors`), so every round starts from the best rank-``z``
   approximation of the global model.
 * **Depth and pretrained weights**: as for :mod:`subfl.methods.hetlora` — option ``architecture`` (else the
-  configured model's depth), weights from option ``pretrained`` / ``ServerContext.extra["pretrained"]``.
+  configured model's depth), weights from option ``pretrained`` / ``ServerContext.pretrained``.
 
 :meth:`FedHM.round_metrics` reports ``rank_ratio`` (mean ratio of the round, per group and ``global``).
 """
@@ -185,7 +185,7 @@ def _client_model(model_fn: Callable[..., nn.Module], layers: int, ranks: Mappin
 class FedHM(FinetuningMethod):
     """Heterogeneous low-rank factorised training of a pretrained tiny transformer (see the module docstring).
 
-    Options: ``pretrained`` (None → ``ServerContext.extra["pretrained"]``), ``architecture`` (None → the configured
+    Options: ``pretrained`` (None → ``ServerContext.pretrained``), ``architecture`` (None → the configured
     model's depth), ``rank_ratios`` (default ``(1.0, 0.5, 0.25, 0.125)``), ``devices`` (declared budgets by device
     id), ``budgets`` (``{group: budget dict}``), ``resource_table`` (None → measured at ``init``).
     """

@@ -6,13 +6,13 @@ its baselines HetLoRA (:mod:`subfl.methods.hetlora`), FedHM (:mod:`subfl.methods
 * **Budgets.** A device has three budgets (:class:`DeviceBudget`): peak training memory (MB), upload per round
   (MB) and compute per mini-batch (GFLOPs). :func:`resolve_budget` takes, per constraint, the first that is set
   of: the :class:`~subfl.fl.types.ClientProfile`'s own field; the declared device of the same id (option
-  ``devices`` / ``ServerContext.extra["devices"]``, :func:`declared_population`); the group's entry of option
+  ``devices`` / ``ServerContext.devices``, :func:`declared_population`); the group's entry of option
   ``budgets``; else unconstrained.
 * **Choosing a configuration.** Every method has a resource table — one row per configuration it can give a
   device (CAFF: ``t`` trained layers, HetLoRA: a LoRA rank, FedHM: a rank ratio) with columns ``memory_mb``,
   ``upload_mb``, ``gflops`` — and gives each device the largest configuration that fits all three budgets
   (:func:`largest_fitting`; a cost equal to the budget fits). :func:`exceeded` words why a row does not fit.
-* **Pretrained weights** (option ``pretrained``, else ``ServerContext.extra["pretrained"]``; :func:`pretrained_source`,
+* **Pretrained weights** (option ``pretrained``, else ``ServerContext.pretrained``; :func:`pretrained_source`,
   :func:`pretrained_state`): a mapping ``{l: state_dict}``, a pretraining scale ``"ci"`` / ``"cpu"`` / ``"paper"``
   (:func:`subfl.pretraining.pretrain`), or ``"none"``.
 * **Measurement inputs**: a mini-batch of ``training.batch_size`` samples of the task's input shape
@@ -111,11 +111,11 @@ def check_group_budgets(budgets: Any) -> None:
 
 
 def declared_population(devices: Sequence[Any] | None, ctx: ServerContext | None) -> list[Any] | None:
-    """The declared devices: option ``devices``, else ``ctx.extra["devices"]``, else ``None``."""
+    """The declared devices: option ``devices``, else ``ctx.devices``, else ``None``."""
     if devices is not None:
         return list(devices)
-    if ctx is not None and ctx.extra.get("devices") is not None:
-        return list(ctx.extra["devices"])
+    if ctx is not None and ctx.devices is not None:
+        return list(ctx.devices)
     return None
 
 
@@ -206,12 +206,12 @@ def assign_largest(rows: Mapping[Any, Mapping[str, Any]], budget: Any, what: str
 
 # ----- pretrained weights ---------------------------------------------------------------------------------------
 def pretrained_source(option: Any, ctx: ServerContext, method: str) -> Any:
-    """Option ``pretrained``, else ``ctx.extra["pretrained"]``; ``ValueError`` when neither is given."""
-    source = option if option is not None else ctx.extra.get("pretrained")
+    """Option ``pretrained``, else ``ctx.pretrained``; ``ValueError`` when neither is given."""
+    source = option if option is not None else ctx.pretrained
     if source is None:
         raise ValueError(f"{method} needs pretrained weights: pass option pretrained= a {{layers: state_dict}} "
                          f"mapping, a pretraining scale ('ci', 'cpu', 'paper'), or 'none' (no pretraining), or put "
-                         f"one of them in ServerContext.extra['pretrained']")
+                         f"one of them in ServerContext.pretrained")
     if not isinstance(source, Mapping) and source not in (*PRETRAINING_SCALES, "none"):
         raise ValueError(f"pretrained must be a mapping, 'ci', 'cpu', 'paper' or 'none', got {source!r}")
     return source

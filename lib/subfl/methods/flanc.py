@@ -148,7 +148,7 @@ class FLANC(Method):
 
     # ----- server side -------------------------------------------------------------------------------
     def init(self, ctx: ServerContext) -> ServerState:
-        declared = ctx.extra.get("heterogeneity_levels")
+        declared = ctx.heterogeneity_levels
         if declared:
             for level in declared:
                 client_width(float(level), self.widths)  # every declared keep ratio must fit a width

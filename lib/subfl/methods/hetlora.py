@@ -14,7 +14,7 @@ the final LayerNorm and the head trained.
    gflops``, rows of another ``scheme`` or depth ``layers`` ignored when those columns exist). Each round a device gets the largest rank whose three costs fit
    its budgets (:func:`~subfl.methods.finetuning_common.assign_largest`; a cost equal to the budget fits; equal costs → the larger rank). Budgets are
    resolved exactly as CAFF's (:func:`~subfl.methods.finetuning_common.resolve_budget`: profile fields, option
-   ``devices`` / ``ServerContext.extra["devices"]``, option ``budgets`` by group). A device that fits no rank
+   ``devices`` / ``ServerContext.devices``, option ``budgets`` by group). A device that fits no rank
    raises ``ValueError`` naming it and the constraint the smallest rank exceeds (CAFF marks such a setting in its
    tables; here it is an error).
 2. **Download.** The server holds the adapters at the largest rank ``R``; a device of rank ``r`` receives the frozen
@@ -38,8 +38,8 @@ Choices where the paper is silent:
   finetuned model starts as the pretrained one. Rows ``r..R`` of ``A`` that no device trains stay at their
   initialisation; with ``B``'s matching columns at 0 they do not change the model.
 * **Depth.** One architecture ``F_l``: option ``architecture`` (an int), else the depth of the configured model
-  ``ServerContext.model_fn()``; pretrained weights come from option ``pretrained`` / ``ServerContext.extra
-  ["pretrained"]`` as for CAFF (a ``{l: state_dict}`` mapping, ``"ci"`` / ``"cpu"`` / ``"paper"``, or ``"none"``).
+  ``ServerContext.model_fn()``; pretrained weights come from option ``pretrained`` / ``ServerContext.pretrained``
+  as for CAFF (a ``{l: state_dict}`` mapping, ``"ci"`` / ``"cpu"`` / ``"paper"``, or ``"none"``).
 * **Zero-sample devices** take part with weight 0 (if every device holding a tensor has ``n_c = 0`` the average is
   uniform, as in CAFF's :func:`~subfl.methods.caff.layerwise_average`).
 
@@ -148,7 +148,7 @@ def _model(model_fn: Callable[..., nn.Module], layers: int, rank: int) -> nn.Mod
 class HetLoRA(FinetuningMethod):
     """Heterogeneous-rank LoRA finetuning of a pretrained tiny transformer (see the module docstring).
 
-    Options: ``pretrained`` (None → ``ServerContext.extra["pretrained"]``), ``architecture`` (None → the configured
+    Options: ``pretrained`` (None → ``ServerContext.pretrained``), ``architecture`` (None → the configured
     model's depth), ``ranks`` (candidate ranks, default ``(24, 12, 6, 3)``), ``devices`` (declared budgets by device
     id), ``budgets`` (``{group: budget dict}``), ``resource_table`` (None → measured at ``init``).
     """

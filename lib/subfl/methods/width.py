@@ -37,7 +37,7 @@ Evaluation (:meth:`evaluation_models`): ``"global"`` — the full-width global m
 level present in the run, the model of that width named like the profiles' group strings (``"0.25"``,
 ``"1"``): its leading slice for all three methods (FedRolex included: its paper reports the global model; its
 code, inherited from HeteroFL, tests sub-models as leading slices, and no rolling offset is canonical at test
-time). Levels are, in order of preference: the option ``levels``; ``ServerContext.extra["heterogeneity_levels"]``
+time). Levels are, in order of preference: the option ``levels``; ``ServerContext.heterogeneity_levels``
 when the runner provides it; otherwise the keep ratios of the clients that have taken part so far (with
 partial participation a level appears once one of its clients was sampled).
 """
@@ -150,10 +150,10 @@ class WidthSlicing(Method):
         return self._shapes[key]
 
     def declared_levels(self, ctx: ServerContext) -> tuple[float, ...] | None:
-        """The run's width levels if known up front: option ``levels``, else ``ctx.extra["heterogeneity_levels"]``."""
+        """The run's width levels if known up front: option ``levels``, else ``ctx.heterogeneity_levels``."""
         if self.config.get("levels") is not None:
             return self.config["levels"]
-        return _check_levels(ctx.extra.get("heterogeneity_levels"), "ServerContext.extra['heterogeneity_levels']")
+        return _check_levels(ctx.heterogeneity_levels, "ServerContext.heterogeneity_levels")
 
     def check_levels(self, levels: Sequence[float], where: str) -> None:
         """Hook for methods with requirements on the width levels (HeteroFL); ``where`` names their source."""
@@ -260,7 +260,7 @@ class HeteroFL(WidthSlicing):
     * ``levels`` (None): the run's width levels, for the full-width check and for evaluation.
 
     HeteroFL's global model is its widest client model, so the levels must include 1.0: ``ValueError`` at
-    ``init`` when the levels are declared (option ``levels`` or ``ServerContext.extra["heterogeneity_levels"]``),
+    ``init`` when the levels are declared (option ``levels`` or ``ServerContext.heterogeneity_levels``),
     otherwise in the first ``configure`` that sees every client (full participation). With partial
     participation and undeclared levels the check cannot be made (the method sees only the sampled clients);
     declare ``levels`` to get it.

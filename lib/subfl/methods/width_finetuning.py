@@ -17,7 +17,7 @@ The server keeps the full-width pretrained ``F_l``. Each round, for each device:
    depth ``layers`` ignored when that column exists). A device gets the largest ``s`` whose three costs fit its
    budgets (:func:`~subfl.methods.finetuning_common.assign_largest`; a cost equal to the budget fits; equal costs → the larger width), budgets resolved
    as CAFF's (:func:`~subfl.methods.finetuning_common.resolve_budget`: profile fields, option ``devices`` /
-   ``ServerContext.extra["devices"]``, option ``budgets`` by group). A device that fits no width raises
+   ``ServerContext.devices``, option ``budgets`` by group). A device that fits no width raises
    ``ValueError`` naming it and the constraint(s) the smallest width exceeds.
 2. **Download**: the device's slice of the global model (:func:`head_aware_indices`,
    :func:`~subfl.models.slicing.extract`), frozen embeddings included.
@@ -70,7 +70,7 @@ Choices where the papers are silent:
   expensive network a device runs. Aggregation counts a device as having trained its whole cap slice.
 * **Evaluation widths** are those assigned to the devices that have taken part so far (FjORD: their caps).
 * **Depth and pretrained weights**: as for :mod:`subfl.methods.hetlora` — option ``architecture`` (else the
-  configured model's depth), weights from option ``pretrained`` / ``ServerContext.extra["pretrained"]`` (a
+  configured model's depth), weights from option ``pretrained`` / ``ServerContext.pretrained`` (a
   ``{l: state_dict}`` mapping, ``"ci"`` / ``"cpu"`` / ``"paper"``, or ``"none"``).
 * **Zero-sample devices** take part with weight 0 (an entry only they hold keeps the server's value).
 
@@ -270,7 +270,7 @@ class WidthFinetuning(FinetuningMethod):
     HeteroFL's rule): a device of width ``s`` trains the head-aware leading ``s``-slice (see the module docstring; no
     scaler).
 
-    Options: ``pretrained`` (None → ``ServerContext.extra["pretrained"]``), ``architecture`` (None → the configured
+    Options: ``pretrained`` (None → ``ServerContext.pretrained``), ``architecture`` (None → the configured
     model's depth), ``widths`` (candidate scales, default ``(1.0, 0.5, 0.25, 0.125)``), ``devices`` (declared budgets
     by device id), ``budgets`` (``{group: budget dict}``), ``resource_table`` (None → measured at ``init``; rows with
     ``width, memory_mb, upload_mb, gflops``).
