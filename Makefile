@@ -30,4 +30,4 @@ status: setup
 	$(VENV)/bin/subfl-book --status
 
 test: setup
-	SUBFL_SCALE=ci $(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider -q
+	SUBFL_SCALE=ci $(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider -q --durations=25

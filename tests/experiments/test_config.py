@@ -55,3 +55,17 @@ def test_fedavg_reference_catalog():
     assert fedavg_reference("fmnist", scale="ci").width == 0.25
     with pytest.raises(ValueError, match="dataset='imdb'"):
         fedavg_reference("imdb")
+
+
+def test_run_versions_name_what_the_run_executes():
+    from subfl.experiments.provenance import run_versions
+
+    base = make_config("prism", "digits", scale="ci")
+    versions = run_versions(base)
+    assert {"engine", "data", "method:prism", "model:mlp", "dataset:digits"} == set(versions)
+    # a behaviour-changing option set away from its default carries its own version; at its default it does not
+    assert "method:prism.svd_solver" in run_versions(base.replace(method_options={"svd_solver": "gram"}))
+    assert "method:prism.svd_solver" not in run_versions(base.replace(method_options={"svd_solver": "exact"}))
+    assert run_versions(base.replace(lr_schedule="cosine"))["schedule:cosine"] == 2
+    probe = run_versions(base.replace(method="update-probe", method_options={"method": "prism"}))
+    assert {"method:update-probe", "method:prism", "method:fedavg"} <= set(probe)

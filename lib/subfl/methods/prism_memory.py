@@ -69,6 +69,7 @@ class MemoryEfficientPriSM(SpectralSharding):
 
     name = "prism+memory"
     options: dict = {**SpectralSharding.options, "strategy": "prism", "output_keep": None, "output_rows": "leading"}
+    option_versions = {**SpectralSharding.option_versions, "output_rows": 1}
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

@@ -399,6 +399,7 @@ class SpectralSharding(Method):
     options: dict = {"strategy": "unbiased", "sampler": "cps", "kappa": None, "tau": 10.0, "frobenius_reg": 0.0,
                      "factor_decay": "weight", "schatten_p": 4.0, "sbn": True, "diagnostics": True,
                      "svd_solver": "exact"}
+    option_versions = {"factor_decay": 1, "svd_solver": 1}  # alternatives to the default path, versioned apart
     fixed_strategy: ClassVar[str | None] = None
 
     def __init__(self, **options: Any) -> None:
