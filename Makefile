@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 SUBFL_DATA_ROOT ?= $(if $(wildcard ../shared/data/PROVENANCE.md),$(abspath ../shared/data),$(CURDIR)/data)
 export SUBFL_DATA_ROOT
 
-.PHONY: setup book test status fmnist
+.PHONY: setup book site test status fmnist
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -25,6 +25,9 @@ setup: $(VENV)/.installed fmnist
 
 book: setup
 	$(VENV)/bin/subfl-book --scale cpu
+
+site: setup
+	$(VENV)/bin/subfl-book --build-only
 
 status: setup
 	$(VENV)/bin/subfl-book --status

@@ -14,6 +14,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--force", action="store_true", help="re-execute even fresh notebooks")
     parser.add_argument("--status", action="store_true", help="list which executed notebooks are stale, and why")
     parser.add_argument("--no-build", action="store_true", help="execute notebooks but do not build the site")
+    parser.add_argument("--build-only", action="store_true",
+                        help="build the site from the executed copies as they are (stale ones included)")
     parser.add_argument("--jobs", type=int, default=1, help="notebooks executed at a time (default 1)")
     return parser
 
@@ -25,7 +27,10 @@ def main(argv: list[str] | None = None) -> int:
             for row in pipeline.status(scale=args.scale, only=args.only):
                 print(f"{row.state:8s} {row.notebook}  ({row.reason})")
             return 0
-        pipeline.execute(scale=args.scale, only=args.only, force=args.force, jobs=args.jobs)
+        if args.build_only and (args.no_build or args.force):
+            raise ValueError("--build-only cannot be combined with --no-build or --force")
+        if not args.build_only:
+            pipeline.execute(scale=args.scale, only=args.only, force=args.force, jobs=args.jobs)
         if not args.no_build:
             pipeline.build_site()
     except (ValueError, FileNotFoundError) as err:
