@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 import subfl
-from subfl.experiments.config import ExperimentConfig, _normalise_options
+from subfl.experiments.config import ExperimentConfig
 from subfl.experiments.presets import SCALES
 
 from .store import BOOK_THREADS, RUNS_LOG_ENV, book_key, checkout_root, record_path
@@ -105,7 +105,7 @@ def page_fingerprint(source: Path, parameters: dict[str, Any]) -> str:
 
 def config_from_record(config: dict[str, Any]) -> ExperimentConfig:
     """The :class:`ExperimentConfig` of a run a page recorded (``TypeError`` for a field no longer known)."""
-    return ExperimentConfig(**_normalise_options(config))
+    return ExperimentConfig.from_dict(config)
 
 
 def _current_key(run: dict[str, Any]) -> str | None:

@@ -1,6 +1,6 @@
 import pytest
 
-from subfl.experiments import make_config, run_experiment
+from subfl.experiments import ExperimentConfig, make_config, run_experiment
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
@@ -69,3 +69,14 @@ def test_run_versions_name_what_the_run_executes():
     assert run_versions(base.replace(lr_schedule="cosine"))["schedule:cosine"] == 2
     probe = run_versions(base.replace(method="update-probe", method_options={"method": "prism"}))
     assert {"method:update-probe", "method:prism", "method:fedavg"} <= set(probe)
+
+
+def test_a_config_round_trips_through_its_json():
+    import json
+    config = make_config("caff", "shakespeare_tokens", "tiny_gpt", partition="natural", scale="ci",
+                         method_options={"layers": (3,), "pretrained": "ci"}, dataset_options={"seq_len": 32})
+    again = ExperimentConfig.from_dict(json.loads(json.dumps(config.to_dict())))
+    from subfl.experiments.provenance import run_key
+    assert run_key(again) == run_key(config) and again.dataset_options == config.dataset_options
+    with pytest.raises(TypeError, match="colour"):
+        ExperimentConfig.from_dict({**config.to_dict(), "colour": "red"})

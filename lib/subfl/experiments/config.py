@@ -77,6 +77,11 @@ class ExperimentConfig:
             d[key] = {k: v for k, v in getattr(self, key)}
         return d
 
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "ExperimentConfig":
+        """The config :meth:`to_dict` (or its JSON) describes; ``TypeError`` names a field that is not known."""
+        return cls(**_normalise_options(values))
+
     def key(self) -> str:
         """A hash of every field, ``scale`` included (a run's identity is :func:`~subfl.experiments.provenance.run_key`)."""
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True, default=str).encode()).hexdigest()
