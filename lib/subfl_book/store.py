@@ -21,6 +21,7 @@ import io
 import json
 import os
 import shutil
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -176,22 +177,63 @@ def _log_read(key: str, config: ExperimentConfig) -> None:
             fh.write(json.dumps({"key": key, "config": config.to_dict()}, sort_keys=True, default=list) + "\n")
 
 
+LOCK_TIMEOUT_S = 12 * 3600.0
+"""How long :func:`run_experiment` waits for another process computing the same run (``$SUBFL_LOCK_TIMEOUT_S``)."""
+
+
+@contextlib.contextmanager
+def _run_lock(key: str, timeout_s: float) -> Iterator[None]:
+    """Exclusive right to compute run ``key`` on this machine (an ``flock`` on ``work_root()/<key>.lock``): two pages
+    executed at once that read the same run compute it once. ``TimeoutError`` after ``timeout_s`` seconds."""
+    import fcntl
+
+    path = work_root() / f"{key[:24]}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout_s
+    with open(path, "w") as handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"run {key[:12]} has been computed by another process for more than "
+                                       f"{timeout_s:g} s (lock {path}); raise $SUBFL_LOCK_TIMEOUT_S or remove the "
+                                       f"lock if that process is gone") from None
+                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _stored_enough(config: ExperimentConfig, key: str, keep_state: bool) -> StoredRun | None:
+    stored = load_record(config, key)
+    return stored if stored is not None and (not keep_state or state_path(key).exists()) else None
+
+
 def run_experiment(config: ExperimentConfig, *, data_root: str | Path | None = None, progress: bool | None = None,
                    keep_state: bool = False) -> RunResult:
     """The run of ``config`` from the store, computed (with one torch thread) and recorded when it is not there.
 
-    ``keep_state``: the page evaluates the run's final weights again, so the store keeps them too.
+    ``keep_state``: the page evaluates the run's final weights again, so the store keeps them too. A run another
+    process is computing is waited for (at most ``$SUBFL_LOCK_TIMEOUT_S``, default 12 h) and then read.
     """
     key = book_key(config)
     _log_read(key, config)
-    stored = load_record(config, key)
-    if stored is not None and (not keep_state or state_path(key).exists()):
+    stored = _stored_enough(config, key, keep_state)
+    if stored is not None:
         return stored
-    work = work_root() / key[:24]
-    with book_threads():
-        result = compute_run(config, work, cache=False, data_root=data_root, progress=progress)
-    save_record(result, key, keep_state=keep_state, data_root=data_root)
-    shutil.rmtree(work, ignore_errors=True)
+    timeout_s = float(os.environ.get("SUBFL_LOCK_TIMEOUT_S", LOCK_TIMEOUT_S))
+    with _run_lock(key, timeout_s):
+        stored = _stored_enough(config, key, keep_state)  # recorded while we waited
+        if stored is not None:
+            return stored
+        work = work_root() / key[:24]
+        with book_threads():
+            result = compute_run(config, work, cache=False, data_root=data_root, progress=progress)
+        save_record(result, key, keep_state=keep_state, data_root=data_root)
+        shutil.rmtree(work, ignore_errors=True)
     return load_record(config, key)
 
 

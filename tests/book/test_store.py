@@ -26,7 +26,7 @@ def tmp_store(tmp_path, monkeypatch):
 
 def test_a_recorded_run_reads_back_identically_without_training(tmp_store, monkeypatch):
     first = store.run_experiment(CONFIG, keep_state=True)
-    assert not (tmp_store / "work").exists() or not any((tmp_store / "work").iterdir())  # work folder cleaned
+    assert not [p for p in (tmp_store / "work").iterdir() if p.is_dir()]  # the run's work folder is removed
     direct = compute_run(CONFIG, tmp_store / "direct", cache=False)
     pd.testing.assert_frame_equal(first.history, direct.history)
     pd.testing.assert_frame_equal(first.ledger, direct.ledger)
@@ -94,3 +94,30 @@ def test_a_stored_run_answers_class_metrics_without_its_weights(tmp_store):
     accuracy = np.trace(recorded["global"]) / recorded["global"].sum()
     assert accuracy == pytest.approx(stored.final("accuracy"), abs=1e-12)  # the engine scored the same predictions
     pd.testing.assert_frame_equal(weak_device_f1_table([stored]), weak_device_f1_table([direct]))
+
+
+def test_a_run_another_process_is_computing_is_waited_for_not_computed_twice(tmp_store, monkeypatch):
+    import fcntl
+    import threading
+
+    key = store.book_key(CONFIG)
+    lock = store.work_root() / f"{key[:24]}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # "another process" computes the run
+        monkeypatch.setenv("SUBFL_LOCK_TIMEOUT_S", "0.3")
+        with pytest.raises(TimeoutError, match="lock"):
+            store.run_experiment(CONFIG)
+        monkeypatch.setenv("SUBFL_LOCK_TIMEOUT_S", "60")
+        finished = compute_run(CONFIG, tmp_store / "elsewhere", cache=False)
+
+        def other_process_finishes():
+            store.save_record(finished, key)
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+        timer = threading.Timer(0.5, other_process_finishes)
+        timer.start()
+        monkeypatch.setattr(store, "compute_run", lambda *a, **k: pytest.fail("the run was computed twice"))
+        waited = store.run_experiment(CONFIG)
+        timer.join()
+    pd.testing.assert_frame_equal(waited.history, finished.history)
