@@ -2,6 +2,7 @@
 
 The library behind the reproducibility book for PriSM, spectral model sharding, FLANC, FedP3 and CAFF.
 Sub-packages: ``data`` (datasets, partitioners), ``models``, ``fl`` (the engine), ``methods`` (one module
-per algorithm family), ``sampling``, ``costs``, ``metrics`` and ``experiments`` (configs, scales, cache).
+per algorithm family), ``sampling``, ``costs``, ``metrics``, ``pretraining`` and ``experiments`` (configs, scales,
+run keys, the runner). The book that uses it is the separate package ``subfl_book``.
 """
 __version__ = "0.1.0"

@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a config field (e.g. rounds=5, method.kappa=4); repeatable")
     run.add_argument("--out", required=True, help="output folder (history.csv, summary.json, ledger.csv)")
     run.add_argument("--data-root", default=None, help="dataset folder (default: $SUBFL_DATA_ROOT or data/)")
-    run.add_argument("--cache", action="store_true", help="reuse an identical finished run from the cache")
+    run.add_argument("--cache", action="store_true", help="reuse a finished run with the same run key from this machine's run cache")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=_cmd_run)
     ls = sub.add_parser("list", help="list methods, datasets, models, partitions and scales")
