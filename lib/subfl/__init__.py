@@ -5,4 +5,4 @@ Sub-packages: ``data`` (datasets, partitioners), ``models``, ``fl`` (the engine)
 per algorithm family), ``sampling``, ``costs``, ``metrics``, ``pretraining`` and ``experiments`` (configs, scales,
 run keys, the runner). The book that uses it is the separate package ``subfl_book``.
 """
-__version__ = "0.1.0"
+__version__ = "0.2.0"
