@@ -187,13 +187,16 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
     dst.parent.mkdir(parents=True, exist_ok=True)
     parameters = {**default_parameters(source), "scale": scale}
     os.environ.setdefault("TQDM_DISABLE", "1")
+    # papermill writes its output as it goes: execute into a side file, so that an interrupted or failed execution
+    # never leaves a half-executed copy in place of the last good one
+    partial = dst.with_name(f".{dst.name}.partial")
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "runs.jsonl"
         before = os.environ.get(RUNS_LOG_ENV)
         os.environ[RUNS_LOG_ENV] = str(log)  # the kernel inherits it
         try:
             t0 = time.perf_counter()
-            papermill.execute_notebook(str(source), str(dst), parameters={"scale": scale}, progress_bar=False,
+            papermill.execute_notebook(str(source), str(partial), parameters={"scale": scale}, progress_bar=False,
                                        cwd=str(source.parent), kernel_name="python3")
             wall = time.perf_counter() - t0
         finally:
@@ -202,7 +205,7 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
             else:
                 os.environ[RUNS_LOG_ENV] = before
         runs = _runs_read(log)
-    nb = nbformat.read(dst, as_version=4)
+    nb = nbformat.read(partial, as_version=4)
     nb.metadata["subfl"] = {
         "scale": scale,
         "parameters": parameters,
@@ -213,7 +216,8 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
         "wall_time_s": round(wall, 1),
         "executed_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
-    nbformat.write(nb, dst)
+    nbformat.write(nb, partial)
+    os.replace(partial, dst)
     return dst
 
 

@@ -30,7 +30,7 @@ def test_every_notebook_has_an_executed_copy_in_the_toc(source):
     executed = book.executed_path(source, ROOT)
     assert executed.exists(), f"run `subfl book` to execute {source.name}"
     meta = json.loads(executed.read_text())["metadata"]["subfl"]
-    assert meta["scale"] == "cpu" and "fingerprint" in meta and "parameters" in meta and meta["wall_time_s"] >= 0
+    assert meta["scale"] == "cpu" and "notebook_fingerprint" in meta and "parameters" in meta and meta["wall_time_s"] >= 0
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     files = json.dumps(toc)
     assert executed.relative_to(ROOT).with_suffix("").as_posix() in files
@@ -150,6 +150,15 @@ def test_a_page_whose_run_left_the_store_is_stale_and_re_executes(executed_root)
     assert rows["notebooks/ch/a.ipynb"].reason == "1 of its 1 runs are not in the store"
     assert book.execute("ci", root=executed_root) == [executed_root / "book" / "ch" / "a.ipynb"]
     assert {r.state for r in book.status("ci", root=executed_root)} == {"fresh"}
+
+
+def test_a_failed_execution_leaves_the_last_good_copy_in_place(executed_root):
+    copy = executed_root / "book" / "ch" / "b.ipynb"
+    before = copy.read_bytes()
+    _notebook(executed_root / "notebooks" / "ch" / "b.ipynb", "raise RuntimeError('boom')")
+    with pytest.raises(Exception, match="boom"):
+        book.execute_notebook(executed_root / "notebooks" / "ch" / "b.ipynb", "ci", executed_root)
+    assert copy.read_bytes() == before
 
 
 def test_a_copy_without_recorded_runs_is_stale(executed_root):
