@@ -189,7 +189,7 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
     os.environ.setdefault("TQDM_DISABLE", "1")
     # papermill writes its output as it goes: execute into a side file, so that an interrupted or failed execution
     # never leaves a half-executed copy in place of the last good one
-    partial = dst.with_name(f".{dst.name}.partial")
+    partial = dst.with_name(f".{dst.stem}.partial.ipynb")
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "runs.jsonl"
         before = os.environ.get(RUNS_LOG_ENV)
