@@ -28,7 +28,7 @@ def test_notebook_is_papermill_ready_and_thin(source):
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.relative_to(ROOT / "notebooks").as_posix())
 def test_every_notebook_has_an_executed_copy_in_the_toc(source):
     executed = book.executed_path(source, ROOT)
-    assert executed.exists(), f"run `subfl book` to execute {source.name}"
+    assert executed.exists(), f"run `subfl-book` to execute {source.name}"
     meta = json.loads(executed.read_text())["metadata"]["subfl"]
     assert meta["scale"] == "cpu" and "notebook_fingerprint" in meta and "parameters" in meta and meta["wall_time_s"] >= 0
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
