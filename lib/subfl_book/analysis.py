@@ -443,22 +443,13 @@ def pretrained_zero_shot(config: ExperimentConfig, depths: Sequence[int] | None 
     return pd.DataFrame(rows, columns=["layers", "accuracy", "loss", "perplexity"])
 
 
-def _server_context(config: ExperimentConfig, dataset) -> "ServerContext":
-    """The :class:`~subfl.fl.method.ServerContext` a run of ``config`` gives its method (as the runner builds it)."""
-    from subfl.fl.method import ServerContext
-    from subfl.experiments.runner import ModelFactory
-
-    return ServerContext(model_fn=ModelFactory(config, dataset), training=config.training, rounds=config.rounds,
-                         seed=config.seed, num_classes=dataset.num_classes, input_shape=dataset.input_shape,
-                         task=dataset.task, device="cpu", num_clients=config.num_clients,
-                         heterogeneity_levels=tuple(config.heterogeneity_setting.levels))
-
-
 def _evaluation_models(result: RunResult, dataset) -> dict[str, torch.nn.Module]:
     from subfl.methods import make_method
 
     method = make_method(result.config.method, **dict(result.config.method_options))
-    return method.evaluation_models(result.state(), _server_context(result.config, dataset))
+    from subfl.experiments.runner import server_context
+
+    return method.evaluation_models(result.state(), server_context(result.config, dataset, device="cpu"))
 
 
 def final_confusions(result: RunResult, data_root: str | None = None, *, prepared=None) -> dict[str, "np.ndarray"]:
@@ -468,9 +459,10 @@ def final_confusions(result: RunResult, data_root: str | None = None, *, prepare
     from subfl.experiments.runner import prepare_data
     from subfl.metrics.fairness import confusion_matrix, model_predictions
 
-    recorded = getattr(result, "confusions", None)
-    if recorded is not None:
-        return recorded
+    from .store import StoredRun
+
+    if isinstance(result, StoredRun) and result.confusions is not None:
+        return result.confusions
     if result.diverged:
         raise ValueError(f"run {result.config.label()} diverged; its final model is not a result")
     dataset, test, _ = prepare_data(result.config, data_root) if prepared is None else prepared

@@ -175,6 +175,16 @@ def _summary(config: ExperimentConfig, result, dataset: FederatedDataset, parts:
     }
 
 
+def server_context(config: ExperimentConfig, dataset: FederatedDataset, device: str | None = None) -> ServerContext:
+    """The :class:`~subfl.fl.method.ServerContext` a run of ``config`` gives its method (``device``: default the
+    config's); analyses that rebuild a finished run's models use the same one."""
+    return ServerContext(model_fn=ModelFactory(config, dataset), training=config.training, rounds=config.rounds,
+                         seed=config.seed, num_classes=dataset.num_classes, input_shape=dataset.input_shape,
+                         task=dataset.task, device=config.device if device is None else device,
+                         num_clients=config.num_clients,
+                         heterogeneity_levels=tuple(config.heterogeneity_setting.levels))
+
+
 def run_cache_dir() -> Path:
     """``$SUBFL_CACHE_DIR``, else ``artifact_dir("runs")``: this machine's cache of finished runs (``cache=True``)."""
     return Path(os.environ["SUBFL_CACHE_DIR"]).expanduser() if os.environ.get("SUBFL_CACHE_DIR") \
@@ -204,10 +214,7 @@ def run_experiment(config: ExperimentConfig, out_dir: str | Path | None = None, 
     dataset, test, parts = prepare_data(config, data_root, verify=verify)
     parts, local_tests = client_splits(config, parts)
     method = make_method(config.method, **dict(config.method_options))
-    ctx = ServerContext(model_fn=ModelFactory(config, dataset), training=config.training, rounds=config.rounds,
-                        seed=config.seed, num_classes=dataset.num_classes, input_shape=dataset.input_shape,
-                        task=dataset.task, device=config.device, num_clients=config.num_clients,
-                        heterogeneity_levels=tuple(config.heterogeneity_setting.levels))
+    ctx = server_context(config, dataset)
     settings = EngineSettings(rounds=config.rounds, clients_per_round=config.clients_per_round,
                               eval_every=config.eval_every, seed=config.seed, device=config.device)
     result = run_simulation(method, dataset, parts, config.heterogeneity_setting, ctx, settings, test_data=test,
