@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import pipeline
+from . import pipeline, scorecard_page
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,6 +16,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-build", action="store_true", help="execute notebooks but do not build the site")
     parser.add_argument("--build-only", action="store_true",
                         help="build the site from the executed copies as they are (stale ones included)")
+    parser.add_argument("--scorecard", action="store_true",
+                        help="regenerate the Scorecard page and the status counts of the intro and README, then stop")
     parser.add_argument("--jobs", type=int, default=1, help="notebooks executed at a time (default 1)")
     return parser
 
@@ -27,11 +29,16 @@ def main(argv: list[str] | None = None) -> int:
             for row in pipeline.status(scale=args.scale, only=args.only):
                 print(f"{row.state:8s} {row.notebook}  ({row.reason})")
             return 0
+        if args.scorecard:
+            changed = scorecard_page.write(pipeline.project_root())
+            print("\n".join(f"rewrote {p}" for p in changed) or "scorecard up to date")
+            return 0
         if args.build_only and (args.no_build or args.force):
             raise ValueError("--build-only cannot be combined with --no-build or --force")
         if not args.build_only:
             pipeline.execute(scale=args.scale, only=args.only, force=args.force, jobs=args.jobs)
         if not args.no_build:
+            scorecard_page.write(pipeline.project_root())
             pipeline.build_site()
     except (ValueError, FileNotFoundError) as err:
         print(f"subfl-book: error: {err}", file=sys.stderr)

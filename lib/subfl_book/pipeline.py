@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ import subfl
 from subfl.experiments.config import ExperimentConfig
 from subfl.experiments.presets import SCALES
 
+from .scorecard import PAGE_NAME_ENV, SCORECARD_LOG_ENV, read_rows
 from .store import BOOK_THREADS, RUNS_LOG_ENV, book_key, checkout_root, record_path
 
 
@@ -59,6 +60,11 @@ def _sources(root: Path, only: str | None = None) -> list[Path]:
             raise ValueError(f"only={only!r} is not a chapter; accepted: {', '.join(names)}")
         chapters = [nb_dir / only]
     return [nb for ch in chapters for nb in sorted(ch.glob("*.ipynb"))]
+
+
+def page_name(source: Path) -> str:
+    """The page a source notebook renders as, as ``_toc.yml`` names it: ``book/<chapter>/<page>``."""
+    return f"book/{source.parent.name}/{source.stem}"
 
 
 def executed_path(source: Path, root: Path) -> Path:
@@ -191,20 +197,26 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
     # never leaves a half-executed copy in place of the last good one
     partial = dst.with_name(f".{dst.stem}.partial.ipynb")
     with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "runs.jsonl"
-        before = os.environ.get(RUNS_LOG_ENV)
-        os.environ[RUNS_LOG_ENV] = str(log)  # the kernel inherits it
+        log, card_log = Path(tmp) / "runs.jsonl", Path(tmp) / "scorecard.jsonl"
+        page = page_name(source)
+        # the kernel inherits these: the runs the page reads, the scorecard rows it judges, its name
+        overrides = {RUNS_LOG_ENV: str(log), SCORECARD_LOG_ENV: str(card_log), PAGE_NAME_ENV: page}
+        before = {k: os.environ.get(k) for k in overrides}
+        os.environ.update(overrides)
         try:
             t0 = time.perf_counter()
             papermill.execute_notebook(str(source), str(partial), parameters={"scale": scale}, progress_bar=False,
                                        cwd=str(source.parent), kernel_name="python3")
             wall = time.perf_counter() - t0
         finally:
-            if before is None:
-                os.environ.pop(RUNS_LOG_ENV, None)
-            else:
-                os.environ[RUNS_LOG_ENV] = before
+            for k, v in before.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         runs = _runs_read(log)
+        scorecard = [asdict(r) for r in read_rows(card_log.read_text(encoding="utf-8").splitlines())] \
+            if card_log.exists() else []
     nb = nbformat.read(partial, as_version=4)
     nb.metadata["subfl"] = {
         "scale": scale,
@@ -212,6 +224,7 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
         "library_version": subfl.__version__,
         "notebook_fingerprint": page_fingerprint(source, parameters),
         "runs": runs,
+        "scorecard": scorecard,
         "machine": machine(),
         "wall_time_s": round(wall, 1),
         "executed_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

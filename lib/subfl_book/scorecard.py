@@ -1,0 +1,320 @@
+"""Page scorecards: each row one claim of the register (:mod:`subfl_book.claims`) against our runs, with the status
+the book's verdict rule (:mod:`subfl_book.verdict`) gives it.
+
+A page builds its card after its runs::
+
+    card = Scorecard("prism", scale=scale)
+    card.order("t1-cifar10-r0.2-prism", "t1-cifar10-r0.2-orthdrop", ours, ours_orthdrop, chance=10, config=cfg)
+    card                                   # renders claim · paper · ours · scale · status · departures
+
+``ours`` are our per-seed values **in the claim's unit** (percent where the paper prints percent). ``config`` (our
+:class:`~subfl.experiments.config.ExperimentConfig`) lets the row name how our setting departs from the paper's
+(:func:`departures`), computed from the register's setting, never typed. When the page runs under the pipeline the
+rows are also written to ``$SUBFL_PAGE_SCORECARD``, from which the book's Scorecard page is generated.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Sequence
+
+import pandas as pd
+
+from .claims import Claim, Register, load_register
+from .verdict import Band, Verdict, judge_bound, judge_exact, judge_order, judge_trend
+
+SCORECARD_LOG_ENV = "SUBFL_PAGE_SCORECARD"
+"""The file the pipeline reads a page's scorecard rows from (one JSON object per line)."""
+
+PAGE_NAME_ENV = "SUBFL_PAGE_NAME"
+"""The page being executed (``book/<chapter>/<page>``), set by the pipeline."""
+
+DATA_CAVEATS = {
+    "cifar10": "CIFAR-10: our offline copy has 20,000 training images decoded from JPEG (the paper: 50,000 PNG)",
+}
+"""Caveats of our offline data that every row on that dataset names."""
+
+_CONFIG_FIELDS = {"clients": "num_clients", "active_per_round": "clients_per_round", "rounds": "rounds",
+                  "local_epochs": "local_epochs", "lr": "lr", "batch_size": "batch_size", "alpha": "alpha"}
+_LABELS = {"clients": "clients", "active_per_round": "clients per round", "rounds": "rounds",
+           "local_epochs": "local epochs", "lr": "lr", "batch_size": "batch", "alpha": "α"}
+_DATASET_NAMES = {"fashionmnist": "fmnist", "fmnist": "fmnist", "cifar10": "cifar10", "cifar100": "cifar100",
+                  "femnist": "femnist", "shakespeare": "shakespeare", "imdb": "imdb", "emnistl": "emnist"}
+
+
+def _slug(text: Any) -> str:
+    return re.sub(r"[^a-z0-9]", "", str(text).lower())
+
+
+def departures(setting: dict[str, Any] | None, config: Any) -> list[str]:
+    """How ``config`` (an ExperimentConfig) departs from the paper's ``setting`` (a register settings entry): one
+    phrase per field both state and that differs (dataset, model, clients, clients per round, rounds, local epochs,
+    lr, batch, α), plus the caveat of our copy of the dataset."""
+    if config is None:
+        return []
+    out: list[str] = []
+    setting = setting or {}
+    paper_data = setting.get("dataset")
+    if isinstance(paper_data, str):
+        name = _DATASET_NAMES.get(_slug(paper_data), _slug(paper_data))
+        if name != config.dataset:
+            out.append(f"dataset {paper_data} → {config.dataset}")
+    paper_model = setting.get("model")
+    ours_model = config.model + (f" ×{config.width:g} width" if config.width != 1.0 else "")
+    if isinstance(paper_model, str) and (_slug(paper_model) != _slug(config.model) or config.width != 1.0):
+        out.append(f"model {paper_model} → {ours_model}")
+    for field, attr in _CONFIG_FIELDS.items():
+        paper_value = setting.get(field)
+        ours = getattr(config, attr)
+        if isinstance(paper_value, (int, float)) and not isinstance(paper_value, bool) and ours is not None \
+                and float(paper_value) != float(ours):
+            out.append(f"{_LABELS[field]} {paper_value:g} → {ours:g}")
+    if config.dataset in DATA_CAVEATS:
+        out.append(DATA_CAVEATS[config.dataset])
+    return out
+
+
+@dataclass(frozen=True)
+class ScoreRow:
+    """One row of a page's scorecard."""
+
+    claim: str                # book-wide id of the claim judged
+    against: str | None       # book-wide id of the claim it is compared with (orderings), else None
+    source: str               # where in the paper: "Table 1 · PriSM · CIFAR-10"
+    statement: str            # the claim, in the register's words (plus what it is compared with)
+    paper: str                # the paper's value(s)
+    ours: str                 # our mean ± sd (n seeds)
+    scale: str
+    status: str
+    reason: str
+    departures: str
+    page: str | None = None
+
+
+class Scorecard:
+    """The scorecard of one page: rows judged by the verdict rule, rendered as a table, logged for the book."""
+
+    def __init__(self, paper: str, *, scale: str, page: str | None = None,
+                 register: "Register | None" = None) -> None:
+        self.register = register if register is not None else load_register(paper)
+        self.paper = paper
+        self.scale = scale
+        self.page = page or os.environ.get(PAGE_NAME_ENV)
+        self.rows: list[ScoreRow] = []
+
+    # ---- checks ------------------------------------------------------------------------------------------
+    def order(self, claim: str, against: str, ours: float | Iterable[float], ours_against: float | Iterable[float],
+              *, index: int | None = None, against_index: int | None = None, chance: float | None = None,
+              higher_is_better: bool = True, analytic: bool = False, config: Any = None,
+              note: str | None = None) -> Verdict:
+        """The paper's ordering of two of its numbers (``claim`` above or below ``against``, e.g. two cells of
+        a column) against ours. ``index``: the element of a list-valued claim; ``analytic``: deterministic
+        quantities (counts, bytes), judged without seeds."""
+        first, second = self._claim(claim), self._claim(against)
+        a, b = _value(first, index), _value(second, against_index)
+        ours_a, ours_b = Band.of(ours, chance), Band.of(ours_against, chance)
+        verdict = judge_order(a, b, ours_a, ours_b, chance=chance, higher_is_better=higher_is_better,
+                              scale=self.scale, analytic=analytic)
+        self._add(first, verdict, statement=note or f"{_short(first)} vs {_short(second)}", against=second,
+                  paper=f"{a:g} vs {b:g} ({a - b:+.3g})", ours=_pair_label(ours_a, ours_b), config=config,
+                  scale="analytic" if analytic else None)
+        return verdict
+
+    def stated_order(self, claim: str, ours_above: float | Iterable[float], ours_below: float | Iterable[float],
+                     *, what: str, chance: float | None = None, higher_is_better: bool = True,
+                     analytic: bool = False, config: Any = None) -> Verdict:
+        """An ordering the paper states in words (``claim``): the first of ``what`` ("FLANC vs HeteroFL, ¼ width")
+        should come out above the second — better, with ``higher_is_better=False`` for lower-is-better metrics."""
+        c = self._claim(claim)
+        above, below = Band.of(ours_above, chance), Band.of(ours_below, chance)
+        sign = 1.0 if higher_is_better else -1.0
+        verdict = judge_order(sign, -sign, above, below, chance=chance, higher_is_better=higher_is_better,
+                              scale=self.scale, analytic=analytic)
+        self._add(c, verdict, statement=f"{c.statement} — {what}", paper=c.paper_label() if c.value is not None
+                  else "stated", ours=_pair_label(above, below), config=config,
+                  scale="analytic" if analytic else None)
+        return verdict
+
+    def bound(self, claim: str, ours: float | Iterable[float], *, at_most: bool, limit: float | None = None,
+              chance: float | None = None, analytic: bool = False, config: Any = None,
+              note: str | None = None) -> Verdict:
+        """The paper says a quantity stays at most / at least its value (or ``limit``); ours against it."""
+        c = self._claim(claim)
+        bound = _value(c, None) if limit is None else limit
+        band = Band.of(ours, chance)
+        verdict = judge_bound(bound, band, at_most=at_most, chance=chance, scale=self.scale, analytic=analytic)
+        self._add(c, verdict, statement=note or c.statement, paper=f"{'≤' if at_most else '≥'} {bound:g}",
+                  ours=band.label(), config=config, scale="analytic" if analytic else None)
+        return verdict
+
+    def trend(self, claims: Sequence[str], ours: Sequence[float | Iterable[float]], *, chance: float | None = None,
+              higher_is_better: bool = True, analytic: bool = False, config: Any = None,
+              note: str | None = None) -> Verdict:
+        """A sweep: the paper's numbers of ``claims`` (in sweep order) against ours, step by step."""
+        found = [self._claim(c) for c in claims]
+        paper_values = [_value(c, None) for c in found]
+        return self._trend(found[0], paper_values, ours, chance=chance, higher_is_better=higher_is_better,
+                           analytic=analytic, config=config,
+                           statement=note or f"trend along {', '.join(_short(c) for c in found)}",
+                           paper=" → ".join(f"{v:g}" for v in paper_values))
+
+    def stated_trend(self, claim: str, ours: Sequence[float | Iterable[float]], *, increasing: bool, what: str,
+                     chance: float | None = None, higher_is_better: bool = True, analytic: bool = False,
+                     config: Any = None) -> Verdict:
+        """A trend the paper states in words: ours along the sweep ``what`` should rise (``increasing``) or fall."""
+        c = self._claim(claim)
+        steps = list(range(len(ours)))
+        paper_values = steps if increasing else steps[::-1]
+        return self._trend(c, paper_values, ours, chance=chance, higher_is_better=higher_is_better,
+                           analytic=analytic, config=config, statement=f"{c.statement} — {what}",
+                           paper="rises along the sweep" if increasing else "falls along the sweep")
+
+    def exact(self, claim: str, ours: float, *, index: int | None = None, tolerance: float | None = None,
+              note: str | None = None) -> Verdict:
+        """An analytic quantity (no seeds) against the paper's printed value, within its rounding."""
+        c = self._claim(claim)
+        paper = _value(c, index)
+        verdict = judge_exact(paper, float(ours), tolerance=tolerance)
+        self._add(c, verdict, statement=note or c.statement, paper=f"{paper:g}" + (f" {c.unit}" if c.unit else ""),
+                  ours=f"{float(ours):.6g}", config=None, scale="analytic")
+        return verdict
+
+    def identity(self, claim: str, error: float, *, tolerance: float, what: str) -> Verdict:
+        """An equation or proposition checked numerically: ``error`` (e.g. the largest deviation between its two
+        sides over the cases tried, ``what``) within ``tolerance`` is ``exact``."""
+        c = self._claim(claim)
+        verdict = judge_exact(0.0, float(error), tolerance=tolerance)
+        self._add(c, verdict, statement=f"{c.statement} — {what}", paper="holds", ours=f"error {float(error):.2g}",
+                  config=None, scale="analytic")
+        return verdict
+
+    def _trend(self, first: Claim, paper_values: Sequence[float], ours: Sequence[Any], *, chance, higher_is_better,
+               analytic, config, statement, paper) -> Verdict:
+        bands = [Band.of(o, chance) for o in ours]
+        verdict = judge_trend(paper_values, bands, chance=chance, higher_is_better=higher_is_better,
+                              scale=self.scale, analytic=analytic)
+        self._add(first, verdict, statement=statement, paper=paper,
+                  ours=" → ".join(f"{b.mean:.3g}" for b in bands) + ("" if analytic else
+                                                                     f" (n = {min(b.n for b in bands)})"),
+                  config=config, scale="analytic" if analytic else None)
+        return verdict
+
+    # ---- output ------------------------------------------------------------------------------------------
+    def placeholder(self) -> "Scorecard":
+        """Show where the card goes (a page opens with it) and fill it in when :meth:`show` is called after the
+        page's runs: the output of this cell is replaced in place (a Jupyter display update)."""
+        from IPython.display import HTML, display
+        self._handle = display(HTML("<p><em>Scorecard: filled in once the runs below are read.</em></p>"),
+                               display_id=True)
+        return self
+
+    def show(self) -> None:
+        """Render the card into :meth:`placeholder`'s output (or here, without one)."""
+        from IPython.display import HTML, display
+        html = HTML(self._repr_html_())
+        handle = getattr(self, "_handle", None)
+        if handle is None:
+            display(html)
+        else:
+            handle.update(html)
+
+    def frame(self) -> pd.DataFrame:
+        columns = {"source": "paper source", "statement": "claim", "paper": "paper", "ours": "ours",
+                   "scale": "scale", "status": "status", "reason": "why", "departures": "our setting departs"}
+        frame = pd.DataFrame([asdict(r) for r in self.rows], columns=[*asdict(_EMPTY)])
+        return frame[list(columns)].rename(columns=columns)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.rows:
+            out[r.status] = out.get(r.status, 0) + 1
+        return out
+
+    def _repr_html_(self) -> str:
+        return render_html(self.frame())
+
+    def __repr__(self) -> str:
+        return self.frame().to_string(index=False)
+
+    # ---- internals ---------------------------------------------------------------------------------------
+    def _claim(self, claim_id: str) -> Claim:
+        if ":" in claim_id:
+            paper, _, cid = claim_id.partition(":")
+            if paper != self.paper:
+                return load_register(paper).claim(cid)
+            claim_id = cid
+        return self.register.claim(claim_id)
+
+    def _add(self, claim: Claim, verdict: Verdict, *, statement: str, paper: str, ours: str, config: Any,
+             against: Claim | None = None, scale: str | None = None) -> None:
+        register = self.register if claim.paper == self.paper else load_register(claim.paper)
+        setting = register.settings.get(claim.setting) if claim.setting else None
+        row = ScoreRow(claim=claim.key, against=against.key if against else None,
+                       source=claim.where if against is None else _pair_source(claim, against),
+                       statement=statement, paper=paper, ours=ours, scale=scale or self.scale,
+                       status=verdict.status, reason=verdict.reason,
+                       departures="; ".join(departures(setting, config)) or "—", page=self.page)
+        self.rows.append(row)
+        _log(row)
+
+
+_EMPTY = ScoreRow(*[""] * 10)
+
+
+def _value(claim: Claim, index: int | None) -> float:
+    value = claim.value
+    if isinstance(value, list):
+        if index is None:
+            raise ValueError(f"{claim.key} holds {len(value)} values; pass index= to pick one")
+        return float(value[index])
+    if value is None:
+        raise ValueError(f"{claim.key} states no number; it cannot be judged numerically")
+    if index not in (None, 0):
+        raise ValueError(f"{claim.key} holds one value; index={index!r} is not valid")
+    return float(value)
+
+
+def _pair_label(first: Band, second: Band) -> str:
+    gap = f" ({first.mean - second.mean:+.3g})" if first.finite and second.finite else ""
+    return f"{first.label()} vs {second.label()}{gap}"
+
+
+def _short(claim: Claim) -> str:
+    parts = [p for p in (claim.row, claim.column) if p]
+    return " / ".join(parts) if parts else claim.id
+
+
+def _pair_source(first: Claim, second: Claim) -> str:
+    if first.source == second.source and first.column == second.column and first.column:
+        return f"{first.source} · {first.column}"
+    if first.source == second.source:
+        return first.source
+    return f"{first.where}; {second.where}"
+
+
+def _log(row: ScoreRow) -> None:
+    path = os.environ.get(SCORECARD_LOG_ENV)
+    if path:
+        with open(path, "a") as fh:
+            fh.write(json.dumps(asdict(row)) + "\n")
+
+
+STATUS_COLOURS = {"exact": "#1a7f37", "same": "#1a7f37", "differs": "#cf222e", "inconclusive": "#9a6700",
+                  "near-chance": "#8250df", "not-run": "#57606a"}
+
+
+def render_html(frame: pd.DataFrame) -> str:
+    """A scorecard table as HTML, without an index column, status cells coloured."""
+    def colour(status: str) -> str:
+        return f"color: {STATUS_COLOURS.get(status, 'inherit')}; font-weight: 600"
+    styler = frame.style.hide(axis="index")
+    if "status" in frame.columns:
+        styler = styler.map(colour, subset=["status"])
+    return styler.set_table_attributes('class="scorecard"').to_html()
+
+
+def read_rows(lines: Iterable[str]) -> list[ScoreRow]:
+    """Rows logged to ``$SUBFL_PAGE_SCORECARD``."""
+    return [ScoreRow(**json.loads(line)) for line in lines if line.strip()]

@@ -1,0 +1,193 @@
+"""The book's Scorecard page (``book/scorecard.md``) and the status counts of the intro and the README, generated from
+the claims register (:mod:`subfl_book.claims`) and the scorecards the executed pages recorded
+(``metadata.subfl.scorecard``, :mod:`subfl_book.scorecard`). Nothing on it is typed by hand: ``subfl-book
+--scorecard`` rewrites it, and a test fails when the committed copy differs from what the register and the pages
+give.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from .claims import NOT_RUN_REASONS, PAPERS, Claim, Register, load_register
+from .verdict import STATUSES
+
+PAPER_NAMES = {"spectral": "Spectral model sharding (Korzhenkov & Louizos, NeurIPS 2024)",
+               "prism": "PriSM (Niu et al., TMLR 2023)", "flanc": "FLANC (Mei et al., NeurIPS 2022)",
+               "fedp3": "FedP3 (Yi et al., ICLR 2024)", "caff": "CAFF (Pfeiffer et al.)"}
+SHORT_NAMES = {"spectral": "Spectral sharding", "prism": "PriSM", "flanc": "FLANC", "fedp3": "FedP3", "caff": "CAFF"}
+
+COMBINE_ORDER = ("differs", "same", "exact", "inconclusive", "near-chance", "not-run")
+"""A claim judged by several rows takes the first of these among its rows' statuses: one ``differs`` outweighs any
+number of ``same``."""
+
+MARKERS = ("<!-- scorecard-counts:start -->", "<!-- scorecard-counts:end -->")
+
+
+@dataclass(frozen=True)
+class ClaimStatus:
+    claim: Claim
+    status: str
+    rows: tuple[dict, ...]
+    note: str
+
+
+def page_rows(root: Path) -> dict[str, list[dict]]:
+    """The scorecard rows every executed page recorded, by page (``book/<chapter>/<page>``)."""
+    out: dict[str, list[dict]] = {}
+    for nb in sorted((root / "book").glob("*/*.ipynb")):
+        meta = json.loads(nb.read_text()).get("metadata", {}).get("subfl", {})
+        out[f"book/{nb.parent.name}/{nb.stem}"] = list(meta.get("scorecard") or [])
+    return out
+
+
+def claim_statuses(paper: str, rows_by_page: dict[str, list[dict]],
+                   register: "Register | None" = None) -> list[ClaimStatus]:
+    """Each claim of ``paper`` with the status the book gives it (:data:`COMBINE_ORDER` over its rows)."""
+    by_claim: dict[str, list[dict]] = {}
+    for rows in rows_by_page.values():
+        for row in rows:
+            by_claim.setdefault(row["claim"], []).append(row)
+    out = []
+    for claim in (register or load_register(paper)).claims:
+        rows = tuple(by_claim.get(claim.key, ()))
+        if rows:
+            statuses = {r["status"] for r in rows}
+            status = next(s for s in COMBINE_ORDER if s in statuses)
+            note = "; ".join(dict.fromkeys(f"{r['status']} ({r['reason']})" for r in rows))
+        elif claim.not_run:
+            status, note = "not-run", f"{NOT_RUN_REASONS[claim.not_run['reason']]}: {claim.not_run['detail']}"
+        else:
+            status = "not-run"
+            note = "its page has not judged it yet (page awaiting re-execution with its scorecard)"
+        out.append(ClaimStatus(claim, status, rows, note))
+    return out
+
+
+def counts(statuses: Iterable[ClaimStatus]) -> Counter:
+    return Counter(s.status for s in statuses)
+
+
+def _cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _page_link(page: str) -> str:
+    return f"{{doc}}`{page.removeprefix('book/')}`"
+
+
+def counts_table(all_statuses: dict[str, list[ClaimStatus]], link: bool = True) -> str:
+    """Markdown: one row per paper, one column per status, plus the total."""
+    head = "| paper | " + " | ".join(STATUSES) + " | claims |"
+    lines = [head, "|" + "---|" * (len(STATUSES) + 2)]
+    for paper, statuses in all_statuses.items():
+        c = counts(statuses)
+        name = f"[{SHORT_NAMES[paper]}](#{paper}-claims)" if link else SHORT_NAMES[paper]
+        lines.append(f"| {name} | " + " | ".join(str(c.get(s, 0)) for s in STATUSES) + f" | {len(statuses)} |")
+    return "\n".join(lines)
+
+
+def _group_key(claim: Claim) -> str:
+    m = re.match(r"(Table|Fig\.|Figure|Sec\.|Section|Eq\.|Alg\.|Theorem|Thm\.|Proposition|Lemma|App\.)\s*\(?"
+                 r"[A-Z]?[0-9.]*\)?", claim.source)
+    return m.group(0).rstrip(".") if m else claim.source
+
+
+def render(root: Path) -> str:
+    """The Scorecard page's markdown."""
+    rows_by_page = page_rows(root)
+    all_statuses = {p: claim_statuses(p, rows_by_page) for p in PAPERS}
+    parts = ["# Scorecard", "",
+             "Every claim of the five papers — each table cell, each quantitative sentence, each theorem the book "
+             "checks — with the status the book's one verdict rule gives it. The claims are transcribed from the "
+             "papers' text into the register (`book/claims/<paper>.yml`, with the source of every number); the "
+             "statuses come from the scorecards the executed pages record. Nothing here is typed by hand: "
+             "`subfl-book --scorecard` regenerates this page.", "",
+             "**The verdict rule** (`subfl_book.verdict`). *exact*: an analytic quantity equal to the paper's "
+             "within its rounding. Learned quantities are summarised per compared side by mean ± sd over seeds: "
+             "*inconclusive* with fewer than 3 seeds on a side, when the bands overlap (a bound: when the band "
+             "straddles the limit), or at the `ci` smoke-test scale; *near-chance* when every compared value closed "
+             "less than 10 % of the gap from chance to a perfect score; otherwise *same* when the paper's ordering, "
+             "bound or trend holds beyond the bands and *differs* when the opposite does. *not-run*: no page judges "
+             "the claim (the reason is given). A claim judged on several pages takes the first of "
+             f"{', '.join(COMBINE_ORDER)} among its rows.", "",
+             "Absolute accuracies of the papers' full-scale runs are not reproduced at the `cpu` scale; the pages "
+             "judge the orderings between them (a method against its baseline in the same column), which is what "
+             "a smaller scale can test.", "",
+             "## Status counts", "", counts_table(all_statuses), ""]
+    reasons = Counter((s.claim.paper, s.claim.not_run["reason"]) for st in all_statuses.values() for s in st
+                      if s.status == "not-run" and s.claim.not_run)
+    pending = Counter(s.claim.paper for st in all_statuses.values() for s in st
+                      if s.status == "not-run" and not s.claim.not_run)
+    parts += ["**Not run, and why** (claims per paper):", "",
+              "| reason | " + " | ".join(SHORT_NAMES[p] for p in PAPERS) + " |",
+              "|---|" + "---|" * len(PAPERS)]
+    for reason, words in NOT_RUN_REASONS.items():
+        parts.append(f"| {words} | " + " | ".join(str(reasons.get((p, reason), 0)) for p in PAPERS) + " |")
+    parts.append("| checked by a page not yet re-executed with its scorecard | " +
+                 " | ".join(str(pending.get(p, 0)) for p in PAPERS) + " |")
+    parts.append("")
+    for paper, statuses in all_statuses.items():
+        reg = load_register(paper)
+        parts += [f"({paper}-claims)=", f"## {PAPER_NAMES[paper]}", "", f"*{reg.title}*", "",
+                  counts_table({paper: statuses}, link=False), ""]
+        groups: dict[str, list[ClaimStatus]] = {}
+        for s in statuses:
+            groups.setdefault(_group_key(s.claim), []).append(s)
+        for group, members in groups.items():
+            parts += [f"### {group}", "", "| claim | where | paper | ours | status | pages / why |",
+                      "|---|---|---|---|---|---|"]
+            for s in members:
+                ours = "; ".join(dict.fromkeys(r["ours"] for r in s.rows)) or "—"
+                pages = sorted({r["page"] for r in s.rows if r.get("page")} | set(s.claim.checked_by))
+                why = (", ".join(_page_link(p) for p in pages) + (f" — {s.note}" if s.rows else
+                                                                  f" — {s.note}" if pages else "")) \
+                    if pages else s.note
+                parts.append(f"| {_cell(s.claim.statement)} | {_cell(s.claim.where)} | "
+                             f"{_cell(s.claim.paper_label())} | {_cell(ours)} | **{s.status}** | {_cell(why)} |")
+            parts.append("")
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def counts_block(root: Path) -> str:
+    """The counts table for the intro and the README, between :data:`MARKERS`."""
+    rows_by_page = page_rows(root)
+    table = counts_table({p: claim_statuses(p, rows_by_page) for p in PAPERS}, link=False)
+    return f"{MARKERS[0]}\n{table}\n{MARKERS[1]}"
+
+
+def replace_block(text: str, block: str, where: str) -> str:
+    start, end = (re.escape(m) for m in MARKERS)
+    pattern = re.compile(f"{start}.*?{end}", re.S)
+    if not pattern.search(text):
+        raise ValueError(f"{where} has no {MARKERS[0]} … {MARKERS[1]} block to fill")
+    return pattern.sub(lambda _: block, text, count=1)
+
+
+def targets(root: Path) -> dict[Path, str]:
+    """Every generated file and the text it must hold."""
+    block = counts_block(root)
+    out = {root / "book" / "scorecard.md": render(root)}
+    for rel in ("book/intro.md", "README.md"):
+        path = root / rel
+        out[path] = replace_block(path.read_text(), block, rel)
+    return out
+
+
+def write(root: Path) -> list[Path]:
+    """Regenerate the Scorecard page and the counts of the intro and README; returns the files that changed."""
+    changed = []
+    for path, text in targets(root).items():
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+            changed.append(path)
+    return changed
+
+
+def out_of_date(root: Path) -> list[Path]:
+    """The generated files whose committed text differs from what the register and the pages give."""
+    return [path for path, text in targets(root).items() if not path.exists() or path.read_text() != text]

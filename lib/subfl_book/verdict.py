@@ -1,0 +1,231 @@
+"""The book's one verdict rule: from a paper's claim and our per-seed values, a status.
+
+Every status the book prints comes from :func:`judge`; no page types one. The rule, as the book states it:
+
+* ``exact`` — an analytic quantity (a parameter count, a byte count, a closed form) that equals the paper's number
+  within the paper's rounding (half a unit of its last printed digit, unless the check names a tolerance). An
+  analytic quantity that does not is ``differs``.
+* Learned quantities are compared through their seeds. Each side of a comparison is summarised by its mean ± sd
+  over seeds (a diverged seed counts at the chance level where one is given; otherwise it makes the comparison
+  ``inconclusive``).
+  * ``not-run`` — no value of ours.
+  * ``inconclusive`` — fewer than :data:`MIN_SEEDS` seeds on a side, or the mean ± sd bands overlap (for a bound:
+    the band straddles the limit), or the run is at the ``ci`` smoke-test scale.
+  * ``near-chance`` — every compared value is within :data:`NEAR_CHANCE` of the chance level (it closed less than
+    10 % of the gap from chance to a perfect score), so no ordering among them means anything.
+  * ``same`` — the paper's ordering (or bound, or trend) holds beyond the bands; ``differs`` — the opposite holds
+    beyond the bands.
+
+Deterministic quantities (parameter counts, ledger bytes) compared by order or bound are judged without the seed
+and scale gates: the ordering holds (``same``) or not (``differs``).
+
+A trend (a sweep the paper says moves one way) is judged pair by pair along the sweep: ``differs`` if any adjacent
+pair is reversed beyond the bands, ``same`` if every pair holds beyond them, else ``inconclusive``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Iterable, Sequence
+
+STATUSES = ("exact", "same", "differs", "inconclusive", "near-chance", "not-run")
+"""Every status the book uses, best first."""
+
+MIN_SEEDS = 3
+"""Fewer seeds than this on a compared side: ``inconclusive``."""
+
+NEAR_CHANCE = 0.1
+"""A value is near chance when it closed less than this share of the gap from chance to a perfect score."""
+
+MEASURED_SCALES = ("cpu", "paper")
+"""Scales whose runs can decide a learned claim; below them (``ci``) every learned verdict is inconclusive."""
+
+
+@dataclass(frozen=True)
+class Band:
+    """Our values of one quantity over seeds, summarised as mean ± sd (sd 0 for one seed)."""
+
+    values: tuple[float, ...]
+
+    @classmethod
+    def of(cls, values: float | Iterable[float], chance: float | None = None) -> "Band":
+        raw = (values,) if isinstance(values, (int, float)) else tuple(values)
+        cleaned = tuple(float(chance) if (v is None or v != v) and chance is not None else
+                        (math.nan if v is None else float(v)) for v in raw)
+        return cls(cleaned)
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def finite(self) -> bool:
+        return self.n > 0 and all(math.isfinite(v) for v in self.values)
+
+    @property
+    def mean(self) -> float:
+        return math.fsum(self.values) / self.n if self.n else math.nan
+
+    @property
+    def sd(self) -> float:
+        if self.n < 2:
+            return 0.0
+        m = self.mean
+        return math.sqrt(math.fsum((v - m) ** 2 for v in self.values) / (self.n - 1))
+
+    @property
+    def low(self) -> float:
+        return self.mean - self.sd
+
+    @property
+    def high(self) -> float:
+        return self.mean + self.sd
+
+    def label(self, digits: int = 3) -> str:
+        if not self.n:
+            return "—"
+        if not self.finite:
+            return f"diverged (n = {self.n})"
+        if self.n == 1:
+            return f"{self.mean:.{digits}g} (n = 1)"
+        return f"{self.mean:.{digits}g} ± {self.sd:.2g} (n = {self.n})"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A status and the reason the rule gave it (shown beside the status on the scorecard)."""
+
+    status: str
+    reason: str
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status={self.status!r} is not valid; accepted: {', '.join(STATUSES)}")
+
+
+def rounding_tolerance(printed: float | int | str) -> float:
+    """Half a unit of the last printed digit: 3.27 → 0.005, 10815 → 0.5, 0.8 → 0.05."""
+    if isinstance(printed, str):
+        exponent = Decimal(printed).as_tuple().exponent          # "2.50" keeps its printed digits
+    elif float(printed).is_integer():
+        exponent = 0                                            # 10815, not 1.0815E+4
+    else:
+        exponent = Decimal(repr(float(printed))).as_tuple().exponent
+    return 0.5 * 10.0 ** int(exponent)
+
+
+def judge_exact(paper: float, ours: float, *, tolerance: float | None = None) -> Verdict:
+    """An analytic quantity against the paper's printed value."""
+    tol = rounding_tolerance(paper) if tolerance is None else tolerance
+    if tol < 0:
+        raise ValueError(f"tolerance={tolerance!r} is not valid; accepted: a number >= 0")
+    if not math.isfinite(ours):
+        return Verdict("differs", "ours is not finite")
+    gap = abs(ours - paper)
+    if gap <= tol:
+        return Verdict("exact", f"|ours − paper| = {gap:.3g} ≤ {tol:.3g} (paper's rounding)")
+    return Verdict("differs", f"|ours − paper| = {gap:.3g} > {tol:.3g} (paper's rounding)")
+
+
+def _scale_gate(scale: str) -> Verdict | None:
+    if scale not in MEASURED_SCALES:
+        return Verdict("inconclusive", f"{scale} scale: a smoke test, too small to decide a learned claim")
+    return None
+
+
+def _near_chance(bands: Sequence[Band], chance: float | None, higher_is_better: bool) -> bool:
+    if chance is None or not higher_is_better:
+        return False
+    margin = NEAR_CHANCE * (1.0 - chance)
+    return all(b.finite and b.mean < chance + margin for b in bands)
+
+
+def _seed_gate(bands: Sequence[Band]) -> Verdict | None:
+    if any(b.n == 0 for b in bands):
+        return Verdict("not-run", "no run of ours")
+    if any(not b.finite for b in bands):
+        return Verdict("inconclusive", "a run diverged and the quantity has no chance level")
+    fewest = min(b.n for b in bands)
+    if fewest < MIN_SEEDS:
+        return Verdict("inconclusive", f"{fewest} seed{'s' if fewest != 1 else ''} < {MIN_SEEDS}")
+    return None
+
+
+def _gates(bands: Sequence[Band], scale: str, analytic: bool) -> Verdict | None:
+    if analytic:  # a deterministic quantity (a count, a ledger total): no seeds, no scale
+        if any(b.n == 0 for b in bands):
+            return Verdict("not-run", "no value of ours")
+        if any(not b.finite for b in bands):
+            return Verdict("differs", "ours is not finite")
+        return None
+    return _scale_gate(scale) or _seed_gate(bands)
+
+
+def judge_order(paper_first: float, paper_second: float, ours_first: Band, ours_second: Band, *,
+                chance: float | None = None, higher_is_better: bool = True, scale: str = "cpu",
+                analytic: bool = False) -> Verdict:
+    """The paper reports ``paper_first`` and ``paper_second`` for two things (two methods, two settings); does our
+    ordering of the two agree? Equal paper values make the claim "no difference": ``same`` needs our bands to
+    overlap, and that is all a seed spread can show, so it is ``inconclusive`` unless they do not (``differs``).
+    ``analytic``: the two are deterministic quantities (counts, bytes), judged without the seed and scale gates."""
+    gate = _gates([ours_first, ours_second], scale, analytic)
+    if gate:
+        return gate
+    if _near_chance([ours_first, ours_second], chance, higher_is_better):
+        return Verdict("near-chance", f"both within {NEAR_CHANCE:.0%} of the gap above chance {chance:g}")
+    overlap = ours_first.low <= ours_second.high and ours_second.low <= ours_first.high
+    if paper_first == paper_second and analytic:
+        return (Verdict("same", "equal, as in the paper") if ours_first.mean == ours_second.mean else
+                Verdict("differs", "the paper's two values are equal; ours are not"))
+    if paper_first == paper_second:
+        return (Verdict("inconclusive", "paper reports no difference; our bands overlap") if overlap else
+                Verdict("differs", "paper reports no difference; our bands are apart"))
+    if overlap:
+        return Verdict("inconclusive", "mean ± sd bands overlap")
+    paper_sign = math.copysign(1.0, paper_first - paper_second)
+    ours_sign = math.copysign(1.0, ours_first.mean - ours_second.mean)
+    if paper_sign == ours_sign:
+        return Verdict("same", "the paper's ordering holds beyond the seed spread")
+    return Verdict("differs", "the opposite ordering holds beyond the seed spread")
+
+
+def judge_bound(limit: float, ours: Band, *, at_most: bool, chance: float | None = None,
+                higher_is_better: bool = True, scale: str = "cpu", analytic: bool = False) -> Verdict:
+    """The paper says a quantity stays at most (``at_most``) or at least ``limit``; does ours, beyond its band?
+    ``chance`` applies when the quantity itself is an accuracy; ``analytic`` as in :func:`judge_order`."""
+    gate = _gates([ours], scale, analytic)
+    if gate:
+        return gate
+    if _near_chance([ours], chance, higher_is_better):
+        return Verdict("near-chance", f"within {NEAR_CHANCE:.0%} of the gap above chance {chance:g}")
+    holds = ours.high <= limit if at_most else ours.low >= limit
+    fails = ours.low > limit if at_most else ours.high < limit
+    sign = "≤" if at_most else "≥"
+    if holds:
+        return Verdict("same", f"the whole band is {sign} {limit:g}")
+    if fails:
+        return Verdict("differs", f"the whole band is on the wrong side of {limit:g}")
+    return Verdict("inconclusive", f"the band straddles {limit:g}")
+
+
+def judge_trend(paper_values: Sequence[float], ours: Sequence[Band], *, chance: float | None = None,
+                higher_is_better: bool = True, scale: str = "cpu", analytic: bool = False) -> Verdict:
+    """A sweep: the paper's values along it against ours, adjacent pair by adjacent pair (:func:`judge_order`)."""
+    if len(paper_values) != len(ours) or len(ours) < 2:
+        raise ValueError(f"a trend needs at least two points and as many of ours ({len(ours)}) as the paper's "
+                         f"({len(paper_values)})")
+    gate = _gates(ours, scale, analytic)
+    if gate:
+        return gate
+    if _near_chance(ours, chance, higher_is_better):
+        return Verdict("near-chance", f"every point within {NEAR_CHANCE:.0%} of the gap above chance {chance:g}")
+    pairs = [judge_order(p1, p2, o1, o2, scale=scale, analytic=analytic)
+             for p1, p2, o1, o2 in zip(paper_values, paper_values[1:], ours, ours[1:])]
+    statuses = [v.status for v in pairs]
+    if "differs" in statuses:
+        k = statuses.index("differs")
+        return Verdict("differs", f"step {k + 1}→{k + 2} goes the other way beyond the seed spread")
+    if all(s == "same" for s in statuses):
+        return Verdict("same", "every step goes the paper's way beyond the seed spread")
+    return Verdict("inconclusive", f"{statuses.count('inconclusive')} of {len(pairs)} steps within the seed spread")

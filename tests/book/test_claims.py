@@ -1,0 +1,73 @@
+"""The committed claims register (book/claims/*.yml) and the generated Scorecard page."""
+import re
+
+import pytest
+
+from subfl_book import scorecard_page
+from subfl_book.claims import (PAPER_FILES, PAPERS, load_register, paper_tables, papers_dir, read_raw, toc_pages,
+                               validate)
+from subfl_book.store import checkout_root
+
+
+@pytest.mark.parametrize("paper", PAPERS)
+def test_register_follows_the_schema_and_names_only_pages_of_the_book(paper):
+    errors = validate(read_raw(paper), paper, toc_pages())
+    assert errors == [], "\n".join(errors)
+
+
+@pytest.mark.parametrize("paper", PAPERS)
+def test_every_numbered_table_of_the_paper_has_entries(paper):
+    text = (papers_dir() / PAPER_FILES[paper]).read_text()
+    tables = paper_tables(text)
+    assert tables, f"no table found in {PAPER_FILES[paper]}"
+    register = load_register(paper)
+    covered = {m.group(0) for c in register.claims for m in [re.match(r"Table [0-9]+", c.source)] if m}
+    covered |= {m.group(0) for s in register.settings.values() for m in re.finditer(r"Table [0-9]+", s["source"])}
+    assert tables <= covered, f"{paper}: tables without entries: {sorted(tables - covered)}"
+
+
+def test_table_detection_reads_captions_and_mentions():
+    assert paper_tables("Table 1: Accuracy ...\nsee Table. 3 and Table 12") == {"Table 1", "Table 3", "Table 12"}
+
+
+@pytest.mark.parametrize("paper", PAPERS)
+def test_statements_are_not_copied_from_the_paper(paper):
+    """A statement sharing a run of 12 words with the paper's text is a copied sentence."""
+    words = lambda t: re.findall(r"[a-z]+", t.lower())
+    text = words((papers_dir() / PAPER_FILES[paper]).read_text())
+    grams = {tuple(text[i:i + 12]) for i in range(len(text) - 11)}
+    copied = [c.id for c in load_register(paper).claims
+              if any(tuple(w[i:i + 12]) in grams for w in [words(c.statement)] for i in range(len(w) - 11))]
+    assert copied == []
+
+
+def test_scorecard_page_intro_and_readme_are_generated_from_the_register_and_pages():
+    stale = scorecard_page.out_of_date(checkout_root())
+    assert stale == [], f"regenerate with `subfl-book --scorecard`: {[p.name for p in stale]}"
+
+
+def test_pages_with_a_scorecard_judge_every_claim_they_are_named_for():
+    rows = scorecard_page.page_rows(checkout_root())
+    for paper in PAPERS:
+        for claim in load_register(paper).claims:
+            for page in claim.checked_by:
+                if rows.get(page):
+                    judged = {r["claim"] for r in rows[page]} | {r["against"] for r in rows[page] if r["against"]}
+                    assert claim.key in judged, f"{page} names no row for {claim.key}"
+
+
+def test_claim_status_combines_rows_with_differs_first():
+    from subfl_book.claims import parse
+    from .test_scorecard import RAW
+    register = parse(RAW, "prism")
+    rows = {"book/x": [{"claim": "prism:t1-prism", "status": "same", "reason": "r1", "ours": "1", "page": "book/x"}],
+            "book/y": [{"claim": "prism:t1-prism", "status": "differs", "reason": "r2", "ours": "2", "page": "book/y"},
+                       {"claim": "prism:sec4-gap", "status": "inconclusive", "reason": "r3", "ours": "3",
+                        "page": "book/y"}]}
+    got = {s.claim.id: (s.status, s.note) for s in scorecard_page.claim_statuses("prism", rows, register)}
+    assert got["t1-prism"] == ("differs", "same (r1); differs (r2)")
+    assert got["sec4-gap"] == ("inconclusive", "inconclusive (r3)")
+    assert got["t4-svd"] == ("not-run", "not testable: GPU wall clock.")
+    assert got["t1-orthdrop"][0] == "not-run" and "not judged it yet" in got["t1-orthdrop"][1]
+    assert dict(scorecard_page.counts(scorecard_page.claim_statuses("prism", rows, register))) == {
+        "differs": 1, "inconclusive": 1, "not-run": 2}

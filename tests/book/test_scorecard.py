@@ -1,0 +1,97 @@
+"""Page scorecards: rows judged by the verdict rule, departures computed from the register's setting."""
+import json
+
+import pytest
+
+from subfl.experiments import make_config
+from subfl_book.claims import RegisterError, parse, validate
+from subfl_book.scorecard import SCORECARD_LOG_ENV, Scorecard, departures, read_rows
+
+RAW = {
+    "paper": "prism", "title": "t", "file": "prism.md",
+    "settings": {"c10": {"source": "Sec. 4.1", "dataset": "CIFAR-10", "model": "ResNet-18", "clients": 100,
+                         "active_per_round": 10, "rounds": 800, "local_epochs": 2, "lr": 0.1, "batch_size": 32}},
+    "claims": [
+        {"id": "t1-prism", "source": "Table 1", "row": "PriSM", "column": "r = 0.2", "kind": "value", "value": 85.3,
+         "sd": 0.4, "unit": "%", "setting": "c10", "statement": "PriSM at r = 0.2.", "checked_by": ["book/x"]},
+        {"id": "t1-orthdrop", "source": "Table 1", "row": "OrthDrop", "column": "r = 0.2", "kind": "value",
+         "value": 60.1, "unit": "%", "setting": "c10", "statement": "OrthDrop at r = 0.2.", "checked_by": ["book/x"]},
+        {"id": "t4-svd", "source": "Table 4", "kind": "value", "value": 0.96, "unit": "s", "statement": "SVD time.",
+         "not_run": {"reason": "not-testable", "detail": "GPU wall clock."}},
+        {"id": "sec4-gap", "source": "Sec. 4.2", "kind": "bound", "value": 2, "unit": "points",
+         "statement": "Within 2 points.", "checked_by": ["book/x"]},
+    ],
+}
+
+
+def card(scale="cpu"):
+    return Scorecard("prism", scale=scale, page="book/x", register=parse(RAW, "prism"))
+
+
+def test_order_row_carries_both_values_and_the_computed_status(monkeypatch, tmp_path):
+    log = tmp_path / "card.jsonl"
+    monkeypatch.setenv(SCORECARD_LOG_ENV, str(log))
+    c = card()
+    cfg = make_config("fedavg", "fmnist", scale="cpu", rounds=30)
+    v = c.order("t1-prism", "t1-orthdrop", [70.0, 71.0, 72.0], [50.0, 51.0, 52.0], chance=10.0, config=cfg)
+    assert v.status == "same"
+    row = c.rows[0]
+    assert row.claim == "prism:t1-prism" and row.against == "prism:t1-orthdrop"
+    assert row.paper == "85.3 vs 60.1 (+25.2)"
+    assert row.ours == "71 ± 1 (n = 3) vs 51 ± 1 (n = 3) (+20)"
+    assert row.source == "Table 1 · r = 0.2"
+    logged = read_rows(log.read_text().splitlines())
+    assert logged == c.rows
+    assert row.departures.startswith("dataset CIFAR-10 → fmnist; model ResNet-18 → cnn")
+    assert "rounds 800 → 30" in row.departures and "our offline copy" not in row.departures
+    frame = c.frame()
+    assert list(frame.columns) == ["paper source", "claim", "paper", "ours", "scale", "status", "why",
+                                   "our setting departs"]
+    assert "<th class=\"blank level0\"" not in c._repr_html_()  # no index column
+
+
+def test_reversed_order_two_seeds_bound_and_exact():
+    c = card()
+    assert c.order("t1-orthdrop", "t1-prism", [70, 71, 72], [50, 51, 52]).status == "differs"
+    assert c.order("t1-prism", "t1-orthdrop", [70, 71], [50, 51]).status == "inconclusive"
+    assert c.bound("sec4-gap", [1.0, 1.2, 1.4], at_most=True).status == "same"
+    assert c.exact("t4-svd", 0.964).status == "exact"
+    assert c.exact("t4-svd", 0.97).status == "differs"
+    assert c.counts() == {"differs": 2, "inconclusive": 1, "same": 1, "exact": 1}
+    with pytest.raises(KeyError, match="no claim 'nope'"):
+        c.order("nope", "t1-prism", [1], [1])
+
+
+def test_ci_scale_rows_are_inconclusive():
+    assert card("ci").order("t1-prism", "t1-orthdrop", [70, 71, 72], [50, 51, 52]).status == "inconclusive"
+
+
+def test_departures_name_every_differing_field_and_the_data_caveat():
+    cfg = make_config("fedavg", "cifar10", scale="cpu", model="cnn", num_clients=20, clients_per_round=10,
+                      rounds=40, local_epochs=2, lr=0.02, batch_size=32, width=1.0)
+    out = departures(RAW["settings"]["c10"], cfg)
+    assert out[0] == "model ResNet-18 → cnn"
+    assert "clients 100 → 20" in out and "rounds 800 → 40" in out and "lr 0.1 → 0.02" in out
+    assert not any(d.startswith("clients per round") or d.startswith("local epochs") or d.startswith("batch")
+                   for d in out)
+    assert out[-1].startswith("CIFAR-10: our offline copy has 20,000 training images")
+    assert departures(None, None) == []
+
+
+def test_register_schema_errors_name_entry_and_field():
+    bad = json.loads(json.dumps(RAW))
+    bad["claims"][0]["kind"] = "finding"
+    bad["claims"][1]["id"] = "t1-prism"
+    bad["claims"][2].pop("not_run")
+    bad["claims"][3]["value"] = "two"
+    bad["claims"].append({"id": "x", "source": "Fig. 1", "kind": "value", "statement": "s", "checked_by": ["book/y"],
+                          "setting": "nope"})
+    errors = "\n".join(validate(bad, "prism", {"book/x"}))
+    assert "kind='finding'" in errors
+    assert "duplicate id" in errors
+    assert "needs exactly one of checked_by" in errors
+    assert "value must be a number" in errors
+    assert "needs a value" in errors and "setting 'nope'" in errors and "'book/y' is not in _toc.yml" in errors
+    with pytest.raises(RegisterError):
+        parse(bad, "prism")
+    assert validate(RAW, "prism", {"book/x"}) == []

@@ -1,0 +1,113 @@
+"""The book's verdict rule, with numbers."""
+import math
+
+import pytest
+
+from subfl_book.verdict import (MIN_SEEDS, STATUSES, Band, Verdict, judge_bound, judge_exact, judge_order,
+                                judge_trend, rounding_tolerance)
+
+
+def test_band_mean_and_sample_sd():
+    band = Band.of([0.60, 0.62, 0.64])
+    assert band.mean == pytest.approx(0.62)
+    assert band.sd == pytest.approx(0.02)          # sample sd (n − 1)
+    assert (band.low, band.high) == pytest.approx((0.60, 0.64))
+    assert Band.of(0.5).sd == 0.0 and Band.of(0.5).n == 1
+
+
+def test_diverged_seed_counts_at_chance_when_given():
+    assert Band.of([float("nan"), 0.3], chance=0.1).values == (0.1, 0.3)
+    assert not Band.of([float("nan"), 0.3]).finite
+
+
+@pytest.mark.parametrize("printed, tol", [(3.27, 0.005), (10815, 0.5), (0.8, 0.05), (73.25, 0.005), (100, 0.5),
+                                          ("2.50", 0.005)])
+def test_rounding_tolerance_is_half_the_last_digit(printed, tol):
+    assert rounding_tolerance(printed) == pytest.approx(tol)
+
+
+def test_exact_within_and_beyond_rounding():
+    assert judge_exact(3.27, 3.274).status == "exact"
+    assert judge_exact(3.27, 3.276).status == "differs"
+    assert judge_exact(10815, 10815.4).status == "exact"
+    assert judge_exact(10815, 10816).status == "differs"
+    assert judge_exact(1.0, 1.2, tolerance=0.25).status == "exact"
+    assert judge_exact(1.0, math.nan).status == "differs"
+    with pytest.raises(ValueError, match="tolerance"):
+        judge_exact(1.0, 1.0, tolerance=-1)
+
+
+def test_order_same_differs_and_overlap():
+    a, b = Band.of([0.70, 0.72, 0.74]), Band.of([0.60, 0.61, 0.62])
+    assert judge_order(85.0, 80.0, a, b).status == "same"           # paper a > b, ours a > b, apart
+    assert judge_order(80.0, 85.0, a, b).status == "differs"        # paper a < b
+    close = Band.of([0.62, 0.65, 0.68])                              # 0.65 ± 0.03 overlaps 0.61 ± 0.01? 0.62 > 0.62?
+    assert judge_order(85.0, 80.0, close, Band.of([0.60, 0.63, 0.66])).status == "inconclusive"
+    assert judge_order(85.0, 80.0, Band.of([0.7, 0.7]), Band.of([0.1, 0.1])).status == "inconclusive"  # 2 seeds
+
+
+def test_order_needs_min_seeds_on_both_sides():
+    three, two = Band.of([0.7, 0.71, 0.72]), Band.of([0.2, 0.21])
+    v = judge_order(1.0, 0.0, three, two)
+    assert v.status == "inconclusive" and f"2 seeds < {MIN_SEEDS}" in v.reason
+
+
+def test_order_near_chance_only_when_every_value_is_near_chance():
+    low1, low2 = Band.of([0.11, 0.12, 0.13]), Band.of([0.15, 0.16, 0.17])
+    # chance 0.1: near chance below 0.1 + 0.1 · 0.9 = 0.19
+    assert judge_order(80.0, 70.0, low1, low2, chance=0.1).status == "near-chance"
+    high = Band.of([0.60, 0.61, 0.62])
+    assert judge_order(80.0, 70.0, high, low1, chance=0.1).status == "same"     # one at chance, one learned
+    assert judge_order(70.0, 80.0, high, low1, chance=0.1).status == "differs"
+    # lower-is-better metrics (perplexity) have no chance gate
+    assert judge_order(3.0, 4.0, Band.of([3.1, 3.2, 3.3]), Band.of([4.0, 4.1, 4.2]), chance=0.1,
+                       higher_is_better=False).status == "same"
+
+
+def test_order_with_equal_paper_values():
+    a, b = Band.of([0.60, 0.61, 0.62]), Band.of([0.605, 0.615, 0.625])
+    assert judge_order(5.0, 5.0, a, b).status == "inconclusive"
+    assert judge_order(5.0, 5.0, a, Band.of([0.8, 0.81, 0.82])).status == "differs"
+
+
+def test_ci_scale_never_decides_a_learned_claim():
+    a, b = Band.of([0.9, 0.91, 0.92]), Band.of([0.1, 0.11, 0.12])
+    assert judge_order(2.0, 1.0, a, b, scale="ci").status == "inconclusive"
+    assert judge_exact(3.27, 3.27).status == "exact"     # analytic quantities do not depend on the scale
+
+
+def test_bound_sides_and_straddle():
+    assert judge_bound(2.0, Band.of([1.0, 1.2, 1.4]), at_most=True).status == "same"       # 1.2 ± 0.2 ≤ 2
+    assert judge_bound(2.0, Band.of([2.4, 2.6, 2.8]), at_most=True).status == "differs"    # 2.6 ± 0.2 > 2
+    assert judge_bound(2.0, Band.of([1.5, 2.0, 2.5]), at_most=True).status == "inconclusive"
+    assert judge_bound(10.0, Band.of([12, 13, 14]), at_most=False).status == "same"
+    assert judge_bound(10.0, Band.of([5, 6, 7]), at_most=False).status == "differs"
+
+
+def test_trend_pairwise():
+    up = [Band.of([0.5, 0.51, 0.52]), Band.of([0.6, 0.61, 0.62]), Band.of([0.7, 0.71, 0.72])]
+    assert judge_trend([1, 2, 3], up).status == "same"
+    assert judge_trend([3, 2, 1], up).status == "differs"
+    flat = [Band.of([0.5, 0.55, 0.6]), Band.of([0.52, 0.56, 0.6]), Band.of([0.7, 0.71, 0.72])]
+    v = judge_trend([1, 2, 3], flat)
+    assert v.status == "inconclusive" and "1 of 2" in v.reason
+    with pytest.raises(ValueError, match="trend"):
+        judge_trend([1], up[:1])
+
+
+def test_no_run_and_unknown_status():
+    assert judge_order(1, 0, Band.of([]), Band.of([0.1, 0.2, 0.3])).status == "not-run"
+    assert set(STATUSES) == {"exact", "same", "differs", "inconclusive", "near-chance", "not-run"}
+    with pytest.raises(ValueError, match="status"):
+        Verdict("meets the bar", "")
+
+
+def test_analytic_quantities_skip_the_seed_and_scale_gates():
+    one, other = Band.of(5.0), Band.of(3.0)
+    assert judge_order(2, 1, one, other).status == "inconclusive"                 # one seed: a learned quantity
+    assert judge_order(2, 1, one, other, analytic=True, scale="ci").status == "same"
+    assert judge_order(1, 2, one, other, analytic=True).status == "differs"
+    assert judge_bound(90.0, Band.of(93.7), at_most=False, analytic=True).status == "same"
+    assert judge_bound(90.0, Band.of(85.0), at_most=False, analytic=True).status == "differs"
+    assert judge_trend([1, 2, 3], [Band.of(1.0), Band.of(2.0), Band.of(2.5)], analytic=True).status == "same"
+    assert judge_order(2, 1, Band.of(math.nan), other, analytic=True).status == "differs"
