@@ -282,15 +282,44 @@ def _text(v: Any) -> str | None:
     return None if v is None else str(v)
 
 
+class PrintedFloat(float):
+    """A register number that remembers how the paper printed it (``4.0`` is not ``4``: its rounding is 0.05)."""
+
+    printed: str
+
+    def __new__(cls, value: float, printed: str) -> "PrintedFloat":
+        obj = super().__new__(cls, value)
+        obj.printed = printed
+        return obj
+
+    def __reduce__(self):
+        return (PrintedFloat, (float(self), self.printed))
+
+
+def _loader():
+    import yaml
+
+    class RegisterLoader(yaml.SafeLoader):
+        pass
+
+    def construct_float(loader, node):
+        value = yaml.SafeLoader.construct_yaml_float(loader, node)
+        text = node.value.replace("_", "")
+        return PrintedFloat(value, text) if re.fullmatch(r"[-+]?[0-9]*\.[0-9]+", text) else value
+
+    RegisterLoader.add_constructor("tag:yaml.org,2002:float", construct_float)
+    return RegisterLoader
+
+
 def read_raw(paper: str, directory: Path | None = None) -> dict[str, Any]:
-    """The parsed YAML of ``<paper>.yml``."""
+    """The parsed YAML of ``<paper>.yml`` (decimal numbers as :class:`PrintedFloat`)."""
     import yaml
     if paper not in PAPERS:
         raise ValueError(f"paper={paper!r} is not valid; accepted: {', '.join(PAPERS)}")
     path = (directory or claims_dir()) / f"{paper}.yml"
     if not path.is_file():
         raise FileNotFoundError(f"no register for {paper}: {path} does not exist")
-    return yaml.safe_load(path.read_text())
+    return yaml.load(path.read_text(), Loader=_loader())
 
 
 @lru_cache(maxsize=None)

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Sequence
 import pandas as pd
 
 from .claims import Claim, Register, load_register
-from .verdict import Band, Verdict, judge_bound, judge_exact, judge_order, judge_trend
+from .verdict import Band, Verdict, fmt, judge_bound, judge_exact, judge_order, judge_trend
 
 SCORECARD_LOG_ENV = "SUBFL_PAGE_SCORECARD"
 """The file the pipeline reads a page's scorecard rows from (one JSON object per line)."""
@@ -118,7 +118,7 @@ class Scorecard:
         verdict = judge_order(a, b, ours_a, ours_b, chance=chance, higher_is_better=higher_is_better,
                               scale=self.scale, analytic=analytic)
         self._add(first, verdict, statement=note or f"{_short(first)} vs {_short(second)}", against=second,
-                  paper=f"{a:g} vs {b:g} ({a - b:+.3g})", ours=_pair_label(ours_a, ours_b), config=config,
+                  paper=f"{_printed(a)} vs {_printed(b)} ({a - b:+.3g})", ours=_pair_label(ours_a, ours_b, analytic), config=config,
                   scale="analytic" if analytic else None)
         return verdict
 
@@ -133,7 +133,7 @@ class Scorecard:
         verdict = judge_order(sign, -sign, above, below, chance=chance, higher_is_better=higher_is_better,
                               scale=self.scale, analytic=analytic)
         self._add(c, verdict, statement=f"{c.statement} — {what}", paper=c.paper_label() if c.value is not None
-                  else "stated", ours=_pair_label(above, below), config=config,
+                  else "stated", ours=_pair_label(above, below, analytic), config=config,
                   scale="analytic" if analytic else None)
         return verdict
 
@@ -146,7 +146,7 @@ class Scorecard:
         band = Band.of(ours, chance)
         verdict = judge_bound(bound, band, at_most=at_most, chance=chance, scale=self.scale, analytic=analytic)
         self._add(c, verdict, statement=note or c.statement, paper=f"{'≤' if at_most else '≥'} {bound:g}",
-                  ours=band.label(), config=config, scale="analytic" if analytic else None)
+                  ours=band.label(analytic), config=config, scale="analytic" if analytic else None)
         return verdict
 
     def trend(self, claims: Sequence[str], ours: Sequence[float | Iterable[float]], *, chance: float | None = None,
@@ -158,7 +158,7 @@ class Scorecard:
         return self._trend(found[0], paper_values, ours, chance=chance, higher_is_better=higher_is_better,
                            analytic=analytic, config=config,
                            statement=note or f"trend along {', '.join(_short(c) for c in found)}",
-                           paper=" → ".join(f"{v:g}" for v in paper_values))
+                           paper=" → ".join(_printed(v) for v in paper_values))
 
     def stated_trend(self, claim: str, ours: Sequence[float | Iterable[float]], *, increasing: bool, what: str,
                      chance: float | None = None, higher_is_better: bool = True, analytic: bool = False,
@@ -177,8 +177,8 @@ class Scorecard:
         c = self._claim(claim)
         paper = _value(c, index)
         verdict = judge_exact(paper, float(ours), tolerance=tolerance)
-        self._add(c, verdict, statement=note or c.statement, paper=f"{paper:g}" + (f" {c.unit}" if c.unit else ""),
-                  ours=f"{float(ours):.6g}", config=None, scale="analytic")
+        self._add(c, verdict, statement=note or c.statement, paper=_printed(paper) + (f" {c.unit}" if c.unit else ""),
+                  ours=fmt(float(ours), 4), config=None, scale="analytic")
         return verdict
 
     def identity(self, claim: str, error: float, *, tolerance: float, what: str) -> Verdict:
@@ -196,7 +196,7 @@ class Scorecard:
         verdict = judge_trend(paper_values, bands, chance=chance, higher_is_better=higher_is_better,
                               scale=self.scale, analytic=analytic)
         self._add(first, verdict, statement=statement, paper=paper,
-                  ours=" → ".join(f"{b.mean:.3g}" for b in bands) + ("" if analytic else
+                  ours=" → ".join(fmt(b.mean) for b in bands) + ("" if analytic else
                                                                      f" (n = {min(b.n for b in bands)})"),
                   config=config, scale="analytic" if analytic else None)
         return verdict
@@ -268,17 +268,27 @@ def _value(claim: Claim, index: int | None) -> float:
     if isinstance(value, list):
         if index is None:
             raise ValueError(f"{claim.key} holds {len(value)} values; pass index= to pick one")
-        return float(value[index])
+        return _keep_printed(value[index])
     if value is None:
         raise ValueError(f"{claim.key} states no number; it cannot be judged numerically")
     if index not in (None, 0):
         raise ValueError(f"{claim.key} holds one value; index={index!r} is not valid")
-    return float(value)
+    return _keep_printed(value)
 
 
-def _pair_label(first: Band, second: Band) -> str:
-    gap = f" ({first.mean - second.mean:+.3g})" if first.finite and second.finite else ""
-    return f"{first.label()} vs {second.label()}{gap}"
+def _keep_printed(value: Any) -> float:
+    """A register number as a float that still knows how the paper printed it (its rounding)."""
+    return value if isinstance(value, float) else float(value)
+
+
+def _printed(value: float) -> str:
+    return getattr(value, "printed", None) or f"{value:g}"
+
+
+def _pair_label(first: Band, second: Band, analytic: bool = False) -> str:
+    gap = f" ({'+' if first.mean >= second.mean else '−'}{fmt(abs(first.mean - second.mean))})" \
+        if first.finite and second.finite else ""
+    return f"{first.label(analytic)} vs {second.label(analytic)}{gap}"
 
 
 def _short(claim: Claim) -> str:

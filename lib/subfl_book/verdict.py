@@ -82,14 +82,26 @@ class Band:
     def high(self) -> float:
         return self.mean + self.sd
 
-    def label(self, digits: int = 3) -> str:
+    def label(self, analytic: bool = False) -> str:
+        """``0.612 ± 0.011 (n = 3)``; a deterministic quantity (``analytic``) as its value alone."""
         if not self.n:
             return "—"
         if not self.finite:
             return f"diverged (n = {self.n})"
+        if analytic:
+            return fmt(self.mean)
         if self.n == 1:
-            return f"{self.mean:.{digits}g} (n = 1)"
-        return f"{self.mean:.{digits}g} ± {self.sd:.2g} (n = {self.n})"
+            return f"{fmt(self.mean)} (n = 1)"
+        return f"{fmt(self.mean)} ± {fmt(self.sd, 2)} (n = {self.n})"
+
+
+def fmt(value: float, digits: int = 3) -> str:
+    """A number for a scorecard cell: thousands separated from 10,000 on, else ``digits`` significant digits."""
+    if not math.isfinite(value):
+        return str(value)
+    if abs(value) >= 10_000:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}"
 
 
 @dataclass(frozen=True)
@@ -106,8 +118,9 @@ class Verdict:
 
 def rounding_tolerance(printed: float | int | str) -> float:
     """Half a unit of the last printed digit: 3.27 → 0.005, 10815 → 0.5, 0.8 → 0.05."""
-    if isinstance(printed, str):
-        exponent = Decimal(printed).as_tuple().exponent          # "2.50" keeps its printed digits
+    text = getattr(printed, "printed", None)                    # a register number keeps its printed text
+    if isinstance(printed, str) or text is not None:
+        exponent = Decimal(text or printed).as_tuple().exponent  # "2.50", "4.0" keep their printed digits
     elif float(printed).is_integer():
         exponent = 0                                            # 10815, not 1.0815E+4
     else:
@@ -123,9 +136,10 @@ def judge_exact(paper: float, ours: float, *, tolerance: float | None = None) ->
     if not math.isfinite(ours):
         return Verdict("differs", "ours is not finite")
     gap = abs(ours - paper)
+    why = "the paper's rounding" if tolerance is None else "the stated tolerance"
     if gap <= tol:
-        return Verdict("exact", f"|ours − paper| = {gap:.3g} ≤ {tol:.3g} (paper's rounding)")
-    return Verdict("differs", f"|ours − paper| = {gap:.3g} > {tol:.3g} (paper's rounding)")
+        return Verdict("exact", f"|ours − paper| = {gap:.3g} ≤ {tol:.3g}, {why}")
+    return Verdict("differs", f"|ours − paper| = {gap:.3g} > {tol:.3g}, {why}")
 
 
 def _scale_gate(scale: str) -> Verdict | None:

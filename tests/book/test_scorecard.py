@@ -95,3 +95,13 @@ def test_register_schema_errors_name_entry_and_field():
     with pytest.raises(RegisterError):
         parse(bad, "prism")
     assert validate(RAW, "prism", {"book/x"}) == []
+
+
+def test_exact_keeps_the_papers_printed_rounding():
+    from subfl_book.claims import PrintedFloat
+    raw = json.loads(json.dumps(RAW))
+    register = parse(raw, "prism")
+    c = Scorecard("prism", scale="cpu", page="book/x", register=register)
+    object.__setattr__(register.claims[2], "value", PrintedFloat(4.0, "4.0"))   # printed "4.0": rounding 0.05
+    assert c.exact("t4-svd", 3.96).status == "exact"
+    assert c.exact("t4-svd", 3.317).status == "differs" and c.rows[-1].paper == "4.0 s"

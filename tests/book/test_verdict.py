@@ -111,3 +111,11 @@ def test_analytic_quantities_skip_the_seed_and_scale_gates():
     assert judge_bound(90.0, Band.of(85.0), at_most=False, analytic=True).status == "differs"
     assert judge_trend([1, 2, 3], [Band.of(1.0), Band.of(2.0), Band.of(2.5)], analytic=True).status == "same"
     assert judge_order(2, 1, Band.of(math.nan), other, analytic=True).status == "differs"
+
+
+def test_register_numbers_keep_their_printed_rounding():
+    from subfl_book.claims import PrintedFloat
+    assert rounding_tolerance(PrintedFloat(4.0, "4.0")) == pytest.approx(0.05)   # "4.0M" is not "4M"
+    assert rounding_tolerance(4.0) == pytest.approx(0.5)
+    assert judge_exact(PrintedFloat(4.0, "4.0"), 3.96).status == "exact"
+    assert judge_exact(PrintedFloat(4.0, "4.0"), 3.3).status == "differs"
