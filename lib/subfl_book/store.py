@@ -207,6 +207,15 @@ def _run_lock(key: str, timeout_s: float) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+STORE_ONLY_ENV = "SUBFL_STORE_ONLY"
+"""Set to 1: a run missing from the store is an error instead of being computed (re-executing pages from the store
+only, e.g. after a change to their prose or analysis)."""
+
+
+class MissingRunError(LookupError):
+    """A run is not in the store and ``$SUBFL_STORE_ONLY`` forbids computing it."""
+
+
 def _stored_enough(config: ExperimentConfig, key: str, keep_state: bool) -> StoredRun | None:
     stored = load_record(config, key)
     return stored if stored is not None and (not keep_state or state_path(key).exists()) else None
@@ -224,6 +233,9 @@ def run_experiment(config: ExperimentConfig, *, data_root: str | Path | None = N
     stored = _stored_enough(config, key, keep_state)
     if stored is not None:
         return stored
+    if os.environ.get(STORE_ONLY_ENV, "") not in ("", "0"):
+        raise MissingRunError(f"run {key[:12]} ({config.label()}) is not in the store "
+                              f"{'with its weights ' if keep_state else ''}and ${STORE_ONLY_ENV} forbids computing it")
     timeout_s = float(os.environ.get("SUBFL_LOCK_TIMEOUT_S", LOCK_TIMEOUT_S))
     with _run_lock(key, timeout_s):
         stored = _stored_enough(config, key, keep_state)  # recorded while we waited

@@ -121,3 +121,11 @@ def test_a_run_another_process_is_computing_is_waited_for_not_computed_twice(tmp
         waited = store.run_experiment(CONFIG)
         timer.join()
     pd.testing.assert_frame_equal(waited.history, finished.history)
+
+
+def test_store_only_mode_refuses_to_compute_a_missing_run(monkeypatch):
+    from subfl.experiments import make_config
+    from subfl_book.store import STORE_ONLY_ENV, MissingRunError, run_experiment
+    monkeypatch.setenv(STORE_ONLY_ENV, "1")
+    with pytest.raises(MissingRunError, match="not in the store"):
+        run_experiment(make_config("fedavg", "digits", scale="ci", rounds=1))
