@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from subfl.sampling import expected_discrepancy, sample_cps, wallenius_inclusion
+from subfl.sampling import analysis, expected_discrepancy, sample_cps, wallenius_inclusion
 from subfl.sampling.analysis import (STRATEGIES, check_collective_optimum, check_unbiased_optimum,
                                      choice_inclusion_frequencies, discrepancy_table, layer_spectra,
                                      matrix_monte_carlo, strategy_design)
@@ -50,3 +50,21 @@ def test_layer_spectra_skips_first_and_last_and_reshapes_convs():
     assert list(spectra) == ["b.weight"] and spectra["b.weight"].shape == (6,)
     with pytest.raises(ValueError, match="strategy"):
         strategy_design(LAM, 3, "random")
+
+
+def test_algorithm2_as_printed_never_leaves_top_n_and_eq27_reaches_the_optimum():
+    """Spectral sharding Alg. 2, line 30 as printed is the negative of Eq. (27)'s objective: every admissible
+    (t, u) scores E >= 0 > E*(top-n), so the printed search returns top-n. With Eq. (27)'s sign it returns the
+    Theorem 3.2 optimum (the closed form, = SLSQP): on λᵢ = 1/i, N = 64, n = 13, C = 10, t = 5, u = 47."""
+    lam = 1.0 / np.arange(1, 65)
+    pi, w, e, tu = analysis.algorithm2_collective(lam, 13, 10, "printed")
+    assert tu == (13, 0) and e == pytest.approx(-1.570893, abs=1e-6)
+    printed = expected_discrepancy(lam, pi, np.where(pi > 0, w, 1.0), 10)
+    pi, w, e, tu = analysis.algorithm2_collective(lam, 13, 10, "eq27")
+    assert tu == (5, 47) and e == pytest.approx(-1.59645, abs=1e-5) and pi.sum() == pytest.approx(13)
+    fixed = expected_discrepancy(lam, pi, np.where(pi > 0, w, 1.0), 10)
+    closed = analysis.check_collective_optimum(lam, 13, 10)["closed_form"]
+    assert fixed == pytest.approx(closed, rel=1e-9)
+    assert printed == pytest.approx(0.058537, rel=1e-4) and printed > 1.7 * closed
+    with pytest.raises(ValueError, match="line30"):
+        analysis.algorithm2_collective(lam, 13, 10, "sign")

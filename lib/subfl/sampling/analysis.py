@@ -152,3 +152,47 @@ def choice_inclusion_frequencies(weights: np.ndarray, n: int, draws: int, rng: n
     for _ in range(draws):
         counts[rng.choice(w.size, n, replace=False, p=w)] += 1
     return counts / draws
+
+
+ALGORITHM2_LINE30 = ("printed", "eq27")
+"""How :func:`algorithm2_collective` evaluates a candidate (t, u) on line 30: ``"printed"`` as the paper's
+Algorithm 2 prints it, ``E = C/(C−1)·Σ λᵢ(λᵢ − √β/√C) − E_t``; ``"eq27"`` as Eq. (27) gives it,
+``E = E_t − C/(C−1)·Σ λᵢ(λᵢ − √β/√C)`` (the sum of the Fᵢ of Eq. 27, which the search minimises)."""
+
+
+def algorithm2_collective(lam: np.ndarray, n: int, clients: int,
+                          line30: str = "printed") -> tuple[np.ndarray, np.ndarray, float, tuple[int, int]]:
+    """Spectral sharding's Algorithm 2 (the Collective design's search over t terms kept with probability 1 and u
+    sampled ones), line by line, with line 30 as printed or as Eq. (27) gives it (:data:`ALGORITHM2_LINE30`).
+
+    Returns ``(pi, omega, E*, (t, u))``; ``(t, u) = (n, 0)`` is the top-n start of lines 1–11. Line 21 reads
+    λ_t for t = 0 as +∞ (the printed algorithm leaves λ₀ undefined). Written out by hand to test the pseudo-code
+    itself; the library's design (:func:`subfl.sampling.collective_design`) solves Eq. (8) separately.
+    """
+    if line30 not in ALGORITHM2_LINE30:
+        raise ValueError(f"line30={line30!r} is not valid; accepted: {', '.join(ALGORITHM2_LINE30)}")
+    lam = np.asarray(lam, dtype=float)
+    N, C = lam.size, int(clients)
+    if not (0 < n < N) or C < 2:
+        raise ValueError(f"need 0 < n < N and clients >= 2, got n={n}, N={N}, clients={clients}")
+    best_pi = np.r_[np.ones(n), np.zeros(N - n)]                      # lines 1–8: top-n
+    best_w = best_pi.copy()
+    best_e, best_tu = -float(np.sum(lam[:n] ** 2)), (n, 0)            # line 9
+    for t in range(n):                                                 # line 13
+        e_t = -float(np.sum(lam[:t] ** 2))                             # line 18
+        upper = np.inf if t == 0 else lam[t - 1] / np.sqrt(C)          # λ_t (1-based) / √C
+        for u in range(1, N - t + 1):                                  # line 19
+            block = lam[t:t + u]
+            sqrt_beta = np.sqrt(C) * block.sum() / ((n - t) * (C - 1) + u)          # line 20
+            if not (lam[t] / np.sqrt(C) < sqrt_beta <= upper and sqrt_beta < lam[t + u - 1] * np.sqrt(C)):
+                continue                                               # line 21
+            pi = np.zeros(N)
+            w = np.zeros(N)
+            pi[:t], w[:t] = 1.0, 1.0                                   # lines 14–17
+            pi[t:t + u] = (block * np.sqrt(C) / sqrt_beta - 1.0) / (C - 1)           # line 23
+            w[t:t + u] = np.sqrt(C) * sqrt_beta / block                # line 24
+            gain = C / (C - 1) * float(np.sum(block * (block - sqrt_beta / np.sqrt(C))))
+            e = gain - e_t if line30 == "printed" else e_t - gain      # line 30
+            if e < best_e:                                             # lines 31–34
+                best_e, best_pi, best_w, best_tu = e, pi, w, (t, u)
+    return best_pi, best_w, best_e, best_tu
