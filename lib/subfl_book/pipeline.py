@@ -218,6 +218,7 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
         scorecard = [asdict(r) for r in read_rows(card_log.read_text(encoding="utf-8").splitlines())] \
             if card_log.exists() else []
     nb = nbformat.read(partial, as_version=4)
+    fold_code(nb)
     nb.metadata["subfl"] = {
         "scale": scale,
         "parameters": parameters,
@@ -232,6 +233,28 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
     nbformat.write(nb, partial)
     os.replace(partial, dst)
     return dst
+
+
+_HIDDEN = {"hide-input", "remove-input", "remove-cell", "hide-cell", "remove-output"}
+
+
+def fold_code(nb: Any) -> Any:
+    """Presentation tags of an executed copy: papermill's injected parameters removed, the scorecard's placeholder
+    cell shown without its code, every other code cell folded (its output shown, its code one click away). Tags
+    a cell already carries win. Staleness does not depend on tags."""
+    for cell in nb.cells:
+        if cell.get("cell_type") != "code":
+            continue
+        tags = cell.setdefault("metadata", {}).setdefault("tags", [])
+        if _HIDDEN & set(tags):
+            continue
+        if "injected-parameters" in tags:
+            tags.append("remove-cell")
+        elif ".placeholder()" in "".join(cell.get("source", "")):
+            tags.append("remove-input")
+        else:
+            tags.append("hide-input")
+    return nb
 
 
 def execute(scale: str = "cpu", only: str | None = None, force: bool = False, jobs: int = 1,

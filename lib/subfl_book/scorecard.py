@@ -233,7 +233,7 @@ class Scorecard:
         return out
 
     def _repr_html_(self) -> str:
-        return render_html(self.frame())
+        return render_card(self.rows, title=f"Scorecard — {self.register.title}")
 
     def __repr__(self) -> str:
         return self.frame().to_string(index=False)
@@ -315,8 +315,54 @@ STATUS_COLOURS = {"exact": "#1a7f37", "same": "#1a7f37", "differs": "#cf222e", "
                   "near-chance": "#8250df", "not-run": "#57606a"}
 
 
+_CARD_STYLE = """<style>
+table.scorecard {border-collapse: collapse; font-size: 0.8rem; line-height: 1.3; width: 100%; margin: 0.5rem 0;}
+table.scorecard th {text-align: left; border-bottom: 2px solid #8c959f; padding: 0.25rem 0.4rem;}
+table.scorecard td {vertical-align: top; border-bottom: 1px solid #d0d7de; padding: 0.3rem 0.4rem;}
+table.scorecard td.claim {width: 40%;}
+table.scorecard td.verdict {min-width: 7.5rem;}
+table.scorecard .note {display: block; color: #57606a; font-size: 0.72rem;}
+table.scorecard .status {font-weight: 600; white-space: nowrap;}
+p.scorecard-caption {font-size: 0.8rem; color: #57606a; margin: 0.2rem 0 0.8rem 0;}
+</style>"""
+
+
+def _esc(text: object) -> str:
+    import html
+    return html.escape(str(text))
+
+
+def render_card(rows: Sequence[ScoreRow], title: str = "Scorecard") -> str:
+    """A page's scorecard as compact HTML: where · claim · paper · ours · status (with the rule's reason beneath);
+    the departures of our setting once under the table when every row shares them, else beneath each claim."""
+    if not rows:
+        return "<p><em>No claim judged on this page.</em></p>"
+    shared = {r.departures for r in rows if r.scale != "analytic"}
+    common = shared.pop() if len(shared) == 1 else None
+    body = []
+    for r in rows:
+        departs = "" if r.scale == "analytic" or r.departures in ("—", common) else \
+            f'<span class="note">our setting departs: {_esc(r.departures)}</span>'
+        colour = STATUS_COLOURS.get(r.status, "inherit")
+        body.append(f'<tr><td>{_esc(r.source)}</td><td class="claim">{_esc(r.statement)}{departs}</td>'
+                    f'<td>{_esc(r.paper)}</td><td>{_esc(r.ours)}<span class="note">{_esc(r.scale)}</span></td>'
+                    f'<td class="verdict"><span class="status" style="color: {colour}">{_esc(r.status)}</span>'
+                    f'<span class="note">{_esc(r.reason)}</span></td></tr>')
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    tally = ", ".join(f"{n} {status}" for status, n in counts.items())
+    caption = f"<b>{_esc(title)}</b>: {len(rows)} checks — {tally}. Statuses from the book's verdict rule " \
+              "(see the Scorecard page); ours are mean ± sd over seeds at the scale shown."
+    if common and common != "—":
+        caption += f" Our setting departs from the paper's: {_esc(common)}."
+    return (f'{_CARD_STYLE}<p class="scorecard-caption">{caption}</p><table class="scorecard"><thead><tr>'
+            "<th>paper source</th><th>claim</th><th>paper</th><th>ours</th><th>status</th></tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table>")
+
+
 def render_html(frame: pd.DataFrame) -> str:
-    """A scorecard table as HTML, without an index column, status cells coloured."""
+    """Any table of the book as HTML, without an index column, status cells coloured."""
     def colour(status: str) -> str:
         return f"color: {STATUS_COLOURS.get(status, 'inherit')}; font-weight: 600"
     styler = frame.style.hide(axis="index")

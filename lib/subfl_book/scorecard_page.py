@@ -97,6 +97,18 @@ def _group_key(claim: Claim) -> str:
     return m.group(0).rstrip(".") if m else claim.source
 
 
+def _claims_table(members: Iterable[ClaimStatus]) -> list[str]:
+    lines = ["| claim | where | paper | ours | status | pages / why |", "|---|---|---|---|---|---|"]
+    for s in members:
+        ours = "; ".join(dict.fromkeys(r["ours"] for r in s.rows)) or "—"
+        pages = sorted({r["page"] for r in s.rows if r.get("page")} | set(s.claim.checked_by))
+        links = ", ".join(_page_link(p) for p in pages)
+        why = f"{links} — {s.note}" if links else s.note
+        lines.append(f"| {_cell(s.claim.statement)} | {_cell(s.claim.where)} | {_cell(s.claim.paper_label())} | "
+                     f"{_cell(ours)} | **{s.status}** | {_cell(why)} |")
+    return lines
+
+
 def render(root: Path) -> str:
     """The Scorecard page's markdown."""
     rows_by_page = page_rows(root)
@@ -135,21 +147,18 @@ def render(root: Path) -> str:
         reg = load_register(paper)
         parts += [f"({paper}-claims)=", f"## {PAPER_NAMES[paper]}", "", f"*{reg.title}*", "",
                   counts_table({paper: statuses}, link=False), ""]
+        judged = [s for s in statuses if s.rows]
+        if judged:
+            parts += ["**Judged so far**:", "", *_claims_table(judged), ""]
         groups: dict[str, list[ClaimStatus]] = {}
         for s in statuses:
             groups.setdefault(_group_key(s.claim), []).append(s)
+        parts += ["**Every claim**, by where the paper makes it:", ""]
         for group, members in groups.items():
-            parts += [f"### {group}", "", "| claim | where | paper | ours | status | pages / why |",
-                      "|---|---|---|---|---|---|"]
-            for s in members:
-                ours = "; ".join(dict.fromkeys(r["ours"] for r in s.rows)) or "—"
-                pages = sorted({r["page"] for r in s.rows if r.get("page")} | set(s.claim.checked_by))
-                why = (", ".join(_page_link(p) for p in pages) + (f" — {s.note}" if s.rows else
-                                                                  f" — {s.note}" if pages else "")) \
-                    if pages else s.note
-                parts.append(f"| {_cell(s.claim.statement)} | {_cell(s.claim.where)} | "
-                             f"{_cell(s.claim.paper_label())} | {_cell(ours)} | **{s.status}** | {_cell(why)} |")
-            parts.append("")
+            c = counts(members)
+            summary = ", ".join(f"{c[k]} {k}" for k in STATUSES if c.get(k))
+            parts += [f"````{{dropdown}} {group} — {len(members)} claim{'s' if len(members) != 1 else ''}: {summary}",
+                      *_claims_table(members), "````", ""]
     return "\n".join(parts).rstrip() + "\n"
 
 

@@ -136,10 +136,10 @@ def judge_exact(paper: float, ours: float, *, tolerance: float | None = None) ->
     if not math.isfinite(ours):
         return Verdict("differs", "ours is not finite")
     gap = abs(ours - paper)
-    why = "the paper's rounding" if tolerance is None else "the stated tolerance"
+    why = "rounding" if tolerance is None else "tolerance"
     if gap <= tol:
-        return Verdict("exact", f"|ours − paper| = {gap:.3g} ≤ {tol:.3g}, {why}")
-    return Verdict("differs", f"|ours − paper| = {gap:.3g} > {tol:.3g}, {why}")
+        return Verdict("exact", f"|Δ| = {gap:.2g} ≤ {tol:.2g} ({why})")
+    return Verdict("differs", f"|Δ| = {gap:.2g} > {tol:.2g} ({why})")
 
 
 def _scale_gate(scale: str) -> Verdict | None:

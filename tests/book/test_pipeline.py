@@ -165,3 +165,18 @@ def test_a_copy_without_recorded_runs_is_stale(executed_root):
     _rewrite_meta(executed_root / "book" / "ch" / "b.ipynb", lambda m: m.pop("runs"))
     rows = {r.notebook: r for r in book.status("ci", root=executed_root)}
     assert rows["notebooks/ch/b.ipynb"].state == "stale" and "before pages recorded" in rows["notebooks/ch/b.ipynb"].reason
+
+
+def test_fold_code_tags_executed_cells_for_the_site():
+    import nbformat
+    from subfl_book.pipeline import fold_code
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("scale = None", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell('scale = "cpu"', metadata={"tags": ["injected-parameters"]}),
+                nbformat.v4.new_code_cell('card = Scorecard("flanc", scale=scale).placeholder()'),
+                nbformat.v4.new_markdown_cell("text"),
+                nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["remove-input"]})]
+    fold_code(nb)
+    assert [c.metadata.get("tags") for c in nb.cells] == [
+        ["parameters", "hide-input"], ["injected-parameters", "remove-cell"], ["remove-input"], None,
+        ["remove-input"]]
