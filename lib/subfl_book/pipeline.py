@@ -230,9 +230,58 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
         "wall_time_s": round(wall, 1),
         "executed_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
+    add_run_card(nb)
     nbformat.write(nb, partial)
     os.replace(partial, dst)
     return dst
+
+
+RUN_CARD_TAG = "run-card"
+
+
+def _record_summary(key: str) -> dict[str, Any]:
+    import gzip
+    path = record_path(key)
+    return json.loads(gzip.decompress(path.read_bytes()))["summary"] if path.exists() else {}
+
+
+def run_card(meta: dict[str, Any]) -> str:
+    """The run card of an executed page (markdown): scale, seeds, the runs it read and what computing them took,
+    data caveats, hardware, wall time, library version, date — all from the page's metadata and the run store."""
+    runs = meta.get("runs") or []
+    summaries = [_record_summary(r["key"]) for r in runs]
+    seeds = sorted({r["config"].get("seed", 0) for r in runs})
+    datasets = sorted({r["config"].get("dataset") for r in runs if r["config"].get("dataset")})
+    train_s = sum(s.get("wall_time_s") or 0.0 for s in summaries)
+    notes = {s.get("dataset_notes") for s in summaries if s.get("dataset_notes")}
+    envs = sorted({f"torch {s['environment']['torch']}, {s['environment']['threads']} thread"
+                   f"{'s' if s['environment']['threads'] != 1 else ''}, {s['environment']['device']}"
+                   for s in summaries if s.get("environment")})
+    m = meta.get("machine", {})
+    lines = [f"**Scale** `{meta.get('scale')}`"]
+    if runs:
+        lines.append(f"**runs read** {len(runs)} from the run store (seeds {', '.join(map(str, seeds))}; "
+                     f"datasets {', '.join(datasets)}); computing them took {train_s / 3600:.2f} CPU-hours "
+                     f"({'; '.join(envs)})")
+    else:
+        lines.append("**runs read** none (this page computes what it shows)")
+    lines.append(f"**page executed** on {m.get('processor', '?')}, {m.get('cpus', '?')} CPUs, torch "
+                 f"{m.get('torch', '?')}, in {meta.get('wall_time_s', 0):.0f} s, {meta.get('executed_at', '?')}, "
+                 f"subfl {meta.get('library_version', '?')}")
+    body = " · ".join(lines)
+    if notes:
+        body += "\n\n**Data.** " + " ".join(sorted(notes))
+    return f"```{{admonition}} Run card\n:class: note\n{body}\n```"
+
+
+def add_run_card(nb: Any) -> Any:
+    """Insert (or replace) the run card after the page's first markdown cell (its title and introduction)."""
+    import nbformat
+    nb.cells = [c for c in nb.cells if RUN_CARD_TAG not in c.get("metadata", {}).get("tags", [])]
+    card = nbformat.v4.new_markdown_cell(run_card(nb.metadata.get("subfl", {})), metadata={"tags": [RUN_CARD_TAG]})
+    first = next((i for i, c in enumerate(nb.cells) if c.get("cell_type") == "markdown"), -1)
+    nb.cells.insert(first + 1, card)
+    return nb
 
 
 _HIDDEN = {"hide-input", "remove-input", "remove-cell", "hide-cell", "remove-output"}
