@@ -282,7 +282,8 @@ def _keep_printed(value: Any) -> float:
 
 
 def _printed(value: float) -> str:
-    return getattr(value, "printed", None) or f"{value:g}"
+    """The paper's number as printed (its register text), else plainly (thousands separated from 10,000 on)."""
+    return getattr(value, "printed", None) or (fmt(value) if abs(value) >= 10_000 else f"{value:g}")
 
 
 def _pair_label(first: Band, second: Band, analytic: bool = False) -> str:
