@@ -148,10 +148,16 @@ def _scale_gate(scale: str) -> Verdict | None:
     return None
 
 
+def perfect_score(chance: float, bands: Sequence[Band]) -> float:
+    """The perfect score of an accuracy, 1 or 100: percent when the chance level or any value exceeds 1 (an
+    accuracy as a fraction never does)."""
+    return 100.0 if chance >= 1.0 or any(v > 1.0 for b in bands for v in b.values if math.isfinite(v)) else 1.0
+
+
 def _near_chance(bands: Sequence[Band], chance: float | None, higher_is_better: bool) -> bool:
     if chance is None or not higher_is_better:
         return False
-    margin = NEAR_CHANCE * (1.0 - chance)
+    margin = NEAR_CHANCE * (perfect_score(chance, bands) - chance)
     return all(b.finite and b.mean < chance + margin for b in bands)
 
 

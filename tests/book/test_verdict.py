@@ -119,3 +119,12 @@ def test_register_numbers_keep_their_printed_rounding():
     assert rounding_tolerance(4.0) == pytest.approx(0.5)
     assert judge_exact(PrintedFloat(4.0, "4.0"), 3.96).status == "exact"
     assert judge_exact(PrintedFloat(4.0, "4.0"), 3.3).status == "differs"
+
+
+def test_near_chance_in_percent_as_in_fractions():
+    # 10 classes: near chance below 10 + 0.1 · 90 = 19 % (or 0.19)
+    low1, low2 = Band.of([11.0, 12.0, 13.0]), Band.of([15.0, 16.0, 17.0])
+    assert judge_order(80.0, 70.0, low1, low2, chance=10.0).status == "near-chance"
+    assert judge_order(80.0, 70.0, Band.of([60.0, 61.0, 62.0]), low1, chance=10.0).status == "same"
+    # 100 classes in percent: chance 1 %, near chance below 10.9 %
+    assert judge_order(2.0, 1.0, Band.of([5.0, 6.0, 7.0]), Band.of([2.0, 2.5, 3.0]), chance=1.0).status == "near-chance"
