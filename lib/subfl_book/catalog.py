@@ -725,9 +725,14 @@ SPECTRAL_HETEROGENEITY: dict[str, tuple[str, ...]] = {
     "1": ("fedavg", "topn", "prism", "origdrop", "splitmix", "unbiased+cliplr", "collective+cliplr"),
     "0.1": ("fedavg", "topn", "prism", "origdrop", "splitmix", "unbiased+cliplr", "collective+cliplr"),
 }
-"""Data-heterogeneity grid (spectral sharding Fig. 3: Dirichlet α = 1 vs 10 for the sampling strategies; PriSM
-Fig. 5: iid, α = 1 and α = 0.1 for PriSM, OrthDrop = top-n, OrigDrop and SplitMix): the label distribution
-(``"iid"`` or a Dirichlet α) → the methods run at keep ratio 0.2 and :data:`SPECTRAL_LOW_LR`."""
+"""Data-heterogeneity grid: the label distribution (``"iid"`` or the α of the plain Dirichlet split ``dirichlet``,
+each client's class prior ~ Dir(α·1)) → the methods run at keep ratio 0.2 and :data:`SPECTRAL_LOW_LR`.
+
+* Spectral sharding's Fig. 3 (sampling strategies) compares α = 10 with α = 1 in its Dir(α·p) notation, p the class
+  proportions; on CIFAR-10's ten balanced classes that is the plain Dir(α / 10), so its α = 10 and α = 1 (its main
+  setting) are the splits ``"1"`` and ``"0.1"`` here; ``"10"`` (its α = 100) has no counterpart in that paper.
+* PriSM's Fig. 5 (PriSM, OrthDrop = top-n, OrigDrop, SplitMix) uses the plain Dir(α) with α = 1 and 0.1, and iid:
+  the splits ``"1"``, ``"0.1"`` and ``"iid"`` here."""
 
 
 def spectral_heterogeneity_config(method: str, label_split: str, *, scale: str = "cpu",
@@ -792,9 +797,11 @@ def spectral_ablation_configs(table: str, *, keep: str = "r0.2", scale: str = "c
 FEDP3_SPLITS = {"S1": dict(partition="k_classes", classes_per_client=5),
                 "S2": dict(partition="dirichlet_allocation", alpha=0.5),
                 "iid": dict(partition="iid")}
-"""Data splits of the FedP3 chapter (Sec. 5 of FedP3): ``S1`` class-wise, every client holds 5 classes; ``S2`` Dirichlet
-allocation with concentration 0.5 (per class, proportions over the clients ~ Dir(0.5); clients of unequal size);
-``iid`` is not one of the paper's splits: it is the book's reference for the full-model FedAvg bar."""
+"""Data splits of the FedP3 chapter (FedP3 Sec. 4.1-4.2 and App. B.2): ``S1`` class-wise, every client holds 5 classes;
+``S2`` Dirichlet allocation with concentration 0.5 (per class, proportions over the clients ~ Dir(0.5); clients of
+unequal size — the paper's S2, after FedCR, instead draws a class-preference vector per client and deals the samples
+out without repetition, every client the same size in its Table 3); ``iid`` is not one of the paper's splits: it is
+the book's reference for the full-model FedAvg bar."""
 
 FEDP3_FIG2_SPLITS = ("S1", "S2")
 """The splits of FedP3's Fig. 2."""
@@ -804,11 +811,13 @@ FEDP3_FIG2_METHODS = ("fedavg", "lowerb", "opu2", "opu3")
 layers, drawn per client and round; :mod:`subfl.methods.fedp3`)."""
 
 FEDP3_LOCAL_TEST_FRACTION = 0.3
-"""FedP3's personalised evaluation (Sec. 5): each client's data split 70/30 into local train and local test sets."""
+"""FedP3's personalised evaluation (Sec. 4.1; per-client sizes in App. B.1, Table 3): each client's data split 70/30
+into local train and local test sets."""
 
 FEDP3_MODELS = {"fmnist": "fedp3_cnn", "cifar10": "fedp3_cnn", "femnist": "fedp3_mlp"}
 """The network of each dataset: the CNN of FedP3's Table 4 on Fashion-MNIST and CIFAR-10; on FEMNIST (letters, case
-merged: 26 classes, standing in for the paper's EMNIST-L) the paper's EMNIST-L MLP 784-1024-1024-1024-26."""
+merged: 26 classes, standing in for the paper's EMNIST-L) the paper's EMNIST-L MLP with 26 outputs,
+784-1024-1024-1024-26 (Table 4's ends in 10: EMNIST-L has 10 labels)."""
 
 FEDP3_NUM_CLASSES = {"fmnist": 10, "cifar10": 10, "femnist": 26}
 """Classes of each dataset as the FedP3 chapter loads it (FEMNIST: 26 case-merged letters)."""
