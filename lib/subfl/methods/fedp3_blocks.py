@@ -1,17 +1,22 @@
 """FedP3's ResNet-18 block ablation: layer-subset training with some blocks never assigned.
 
-FedP3 (Yi et al., ICLR 2024) reports four ResNet-18 rows on CIFAR-10 at global pruning ratio P = 0.9 — "−B2−B3
-full", "−B2 part", "−B3 part" and "Full" — without defining them in the text our notes hold. This module implements
-**our reading**, stated here and on the book page:
+FedP3 (Yi et al., ICLR 2024) reports four ResNet-18 rows on CIFAR-10 and CIFAR-100 at global pruning ratio P = 0.9
+— "−B2−B3 (full)", "−B2 (part)", "−B3 (part)" and "Full" — and defines them in Sec. 4.2: of ResNet-18's four
+blocks of four layers, "−B2−B3 (full)" prunes all of B2 or B3, one of the two at random, and sends the rest of the
+model to the server; "−B2 (part)" / "−B3 (part)" prune the first or the last two layers of the block; "Full" prunes
+no block. The paper drops the pruned layers. This module implements an approximation of those rows, stated here and
+on the book page:
 
 * the model is ResNet-18 grouped into blocks (option ``grouping="block"`` of :class:`~subfl.methods.fedp3.FedP3`:
   the stem ``conv1``, the eight ``BasicBlock`` s ``layer1.0`` … ``layer4.1``, and the FFC ``fc``); "B2" and "B3" are
-  the stages ``layer2`` and ``layer3`` (two ``BasicBlock`` s each);
+  the stages ``layer2`` and ``layer3`` (two ``BasicBlock`` s of two layers each);
 * "−X" removes X from the pool of units the server assigns to clients: an excluded block is **never trained** — it
   stays at its initial weights, is still part of every forward pass, and, like every unit a client does not train,
-  is sent globally pruned to the client;
-* "full" excludes the whole stage, "part" its second ``BasicBlock`` (``layer2.1`` / ``layer3.1``: the first one
-  holds the stage's down-sampling shortcut, without which the stage changes no shapes to speak of);
+  is sent globally pruned to the client. The paper drops it from the model instead;
+* "full" excludes both stages at once, where the paper prunes one of the two at random; "part" always excludes the
+  stage's second ``BasicBlock`` (``layer2.1`` / ``layer3.1``, its last two layers: the first one holds the stage's
+  down-sampling shortcut, without which the stage changes no shapes to speak of), where the paper prunes the first
+  or the last two layers;
 * "Full" excludes nothing.
 
 Option ``excluded`` (a sequence of unit names or module-path prefixes: ``"layer2"`` names ``layer2.0`` and

@@ -17,8 +17,8 @@ orders of magnitude. This module computes both exactly:
   an index list), and how many parameters the deployed model keeps;
 * :func:`upload_audit` — per (round, client) of a run's ledger: which units went up, whether they are whole
   units, whether the FFC is among them and whether they are exactly the units that came down unpruned;
-* :func:`layer_ratio_matches` — an exhaustive search of ratios of summed layer sizes, used to test readings of
-  reported numbers whose definition is not at hand.
+* :func:`layer_ratio_matches` — an exhaustive search of ratios of summed layer sizes, to test which layer
+  combinations a reported ratio could come from.
 
 The method's own code is not used to compute the expected sizes (only its definition of a unit), so the
 comparison with the engine's ledger is an independent check.
@@ -41,7 +41,11 @@ PAPER_LAYER_SAVINGS: dict[str, float] = {"lowerb": 0.6, "opu2": 0.4, "opu3": 0.2
 """FedP3's stated communication savings (upload, by layer count, 5-layer CNN) of LowerB / OPU2 / OPU3."""
 
 PAPER_RATIOS: dict[str, float] = {"cifar10": 10815.0, "cifar100": 1522.91, "fmnist": 13749.46, "emnist_l": 30.23}
-"""The per-dataset ratios FedP3 reports with Fig. 6 / Appendix B.5 (its definition is not restated here)."""
+"""The per-dataset communication figures of FedP3's App. B.5 (Fig. 6). App. B.5 defines them as the relative difference
+between the largest and the smallest client in its single-layer scenario (each client trains and uploads the FFC and
+one other layer, as in LowerB), i.e. 100 · (largest − smallest) / smallest upload, in percent; Table 4's parameter
+counts reproduce all four to their printed digits. Sec. 4.2 quotes the CIFAR-10 figure as an FC2 + FFC client paying
+"more than 10,815 times" a Conv1 + FFC client, which reads the percentage as a multiple."""
 
 
 MAX_SUBSETS = 2_000_000

@@ -1,4 +1,4 @@
-"""The networks of FedP3 (Yi, Gazagnadou, Richtárik & Lyu, ICLR 2024), Table 4 and Sec. 5.
+"""The networks of FedP3 (Yi, Gazagnadou, Richtárik & Lyu, ICLR 2024): Table 4 (App. B.3), used in Sec. 4.2-4.3.
 
 Two architectures, built by :func:`build_fedp3_net` (the FedP3 method builds its nets with it when given its
 ``net`` option; the model registry may expose them as ``fedp3_cnn`` / ``fedp3_mlp`` through the same classes):
@@ -16,10 +16,17 @@ Two architectures, built by :func:`build_fedp3_net` (the FedP3 method builds its
   the paper's) pads both convolutions, e.g. ``padding=2`` makes the net usable on 8×8 digits (64·2·2 = 256
   features). An input too small for two valid 5×5 convolutions and two pools raises ``ValueError``.
 
+  Fashion-MNIST departs from Table 4: the table lists the same 1600 → 1024 first FC layer for all three CNN
+  datasets, but a 1×28×28 image through the unpadded convolutions leaves 64·4·4 = 1024 features (28 → conv 24 →
+  pool 12 → conv 8 → pool 4), so the library's Fashion-MNIST CNN has a 1024 × 1024 first FC layer at width 1.
+
 ``fedp3_mlp`` — :class:`FedP3MLP`, the 4-layer MLP of the EMNIST-L experiments:
   ``784 → 1024w → 1024w → 1024w → num_classes`` (three hidden layers + the classifier, ReLU after each hidden
   layer). ``hidden`` changes the hidden sizes; the authors' public code uses two hidden layers for EMNIST
   (``hidden=(1024, 1024)``), the paper describes four linear layers, which is our default.
+
+  Table 4's MLP ends in 1024 × 10 (EMNIST-L has 10 labels, Sec. 4.1). The book has no EMNIST-L offline and builds
+  this MLP for FEMNIST's letters, case merged, with ``num_classes=26``: its last layer is 1024 × 26.
 
 Both follow the library's conventions: a ``width`` multiplier applied to every hidden size with
 :func:`~subfl.models.norm.scaled_channels`, a ``norm`` kind (default ``"none"``, as in the paper), and a bias on
