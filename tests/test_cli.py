@@ -75,3 +75,22 @@ def test_bad_arguments_give_a_one_line_error(tmp_path):
 def test_list_names_everything():
     res = _subfl("list")
     assert res.returncode == 0 and "fedavg" in res.stdout and "dirichlet" in res.stdout
+
+
+def test_a_diverged_run_is_reported_not_a_crash(tmp_path):
+    """Issue 40: a diverged run used to crash the CLI while printing its summary (a None accuracy)."""
+    res = _subfl("run", "schatten", "--dataset", "digits", "--scale", "ci", "--set",
+                 "heterogeneity=uniform:0.25,0.5,0.75,1.0", "--set", "rounds=4", "--quiet", "--out", str(tmp_path / "d"))
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((tmp_path / "d/summary.json").read_text())
+    if summary["diverged_at_round"] is not None:
+        assert f"diverged in round {summary['diverged_at_round']}" in res.stdout
+    assert "Traceback" not in res.stderr
+
+
+def test_bad_input_is_one_line_through_the_console_script(tmp_path):
+    for args in (["--set", "rounds=abc"], ["--set", "seed=3"], ["--set", "device=banana"]):
+        res = _subfl("run", "fedavg", "--dataset", "digits", "--scale", "ci", *args, "--out", str(tmp_path / "o"))
+        assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        assert args[1].split("=")[0] in res.stderr
+    assert not (tmp_path / "o").exists()

@@ -87,6 +87,15 @@ def dataset_version(name: str) -> int:
     raise ValueError(f"name must be one of {DATASETS}, got {name!r}")
 
 
+def dataset_options(name: str) -> MappingProxyType:
+    """The options :func:`load_dataset` accepts for ``name`` (one of :data:`DATASETS`), with their defaults."""
+    if name in _OPTIONS:
+        return _OPTIONS[name]
+    if name in EXTERNAL_DATASETS:
+        return EXTERNAL_DATASETS[name].options
+    raise ValueError(f"name must be one of {DATASETS}, got {name!r}")
+
+
 def load_dataset(name: str, data_root: str | os.PathLike | None = None, *, download: bool = False,
                  verify: bool = True, **options: Any) -> FederatedDataset:
     """Load the dataset ``name`` (one of :data:`DATASETS`) as a :class:`FederatedDataset`.

@@ -191,19 +191,111 @@ def run_cache_dir() -> Path:
         else artifact_dir("runs")
 
 
+def check_out_dir(out_dir: str | Path) -> Path:
+    """``out_dir`` as a path, after checking that it is (or can be created as) a writable folder: ``ValueError``
+    naming the path otherwise (an empty path, a file, a folder below a file, no write permission)."""
+    if isinstance(out_dir, bool) or not isinstance(out_dir, (str, os.PathLike)):
+        raise ValueError(f"out_dir={out_dir!r} is not valid; accepted: a folder path")
+    text = os.fspath(out_dir)
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"out_dir={text!r} is not valid; accepted: a folder path (an empty path would write into "
+                         f"the current folder)")
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"out_dir {path} is a file, not a folder; accepted: a folder path (existing or new)")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"out_dir {path} cannot be created: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"out_dir {path} is not writable (no write permission on {existing})")
+    return path
+
+
+def check_device_available(device: str) -> None:
+    """``ValueError`` when this machine has no ``device`` (``config.device``; its syntax is checked with the
+    config)."""
+    kind = torch.device(device)
+    if kind.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r} is not available on this machine (torch finds no CUDA GPU); "
+                             f"accepted here: 'cpu'")
+        if kind.index is not None and kind.index >= torch.cuda.device_count():
+            raise ValueError(f"device={device!r} is not available on this machine ({torch.cuda.device_count()} "
+                             f"CUDA GPU(s)); accepted here: 'cpu', 'cuda' or 'cuda:0' … "
+                             f"'cuda:{torch.cuda.device_count() - 1}'")
+    if kind.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise ValueError(f"device={device!r} is not available on this machine (no Apple MPS); accepted here: 'cpu'")
+
+
+def _differences(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
+    keys = sorted(set(ours) | set(theirs))
+    changed = [f"{k}: {theirs.get(k, '(default)')!r} → {ours.get(k, '(default)')!r}" for k in keys
+               if ours.get(k) != theirs.get(k)]
+    return "; ".join(changed[:5]) + (f"; … ({len(changed)} fields)" if len(changed) > 5 else "")
+
+
+def _finished_here(config: ExperimentConfig, target: Path, key: str) -> bool:
+    """Whether ``target`` holds this very run, finished (then it is read back). ``ValueError`` when it holds a
+    finished run of another configuration (it is not overwritten) or a summary that cannot be read with no
+    checkpoint to finish from."""
+    summary_path = target / "summary.json"
+    if not summary_path.exists():
+        return False
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (OSError, ValueError):
+        if (target / CHECKPOINT_NAME).exists():
+            return False  # killed while writing the summary: the run finishes again from its last checkpoint
+        raise ValueError(f"out_dir {target} holds a summary.json that cannot be read and no checkpoint; delete the "
+                         f"folder's files or use another out_dir") from None
+    if summary.get("run_key") == key:
+        return all((target / name).exists() for name in OUTPUT_FILES)
+    theirs = summary.get("canonical_config")
+    ours = json.loads(json.dumps(canonical_config(config), sort_keys=True, default=str))
+    if isinstance(theirs, dict) and theirs != ours:
+        raise ValueError(f"out_dir {target} holds a finished run of another configuration ({_differences(ours, theirs)}); "
+                         f"use another out_dir, or delete its files to run this configuration there")
+    return False  # the same configuration run by other versions or another environment: run it again
+
+
+def _write_json_atomic(obj: Any, path: Path) -> None:
+    """:func:`~subfl.fl.engine.dump_json` to a temporary name, then renamed: the file is complete or absent."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    dump_json(obj, tmp)
+    os.replace(tmp, path)
+
+
 def run_experiment(config: ExperimentConfig, out_dir: str | Path | None = None, *, cache: bool = True,
                    data_root: str | Path | None = None, progress: bool | None = None,
                    stop_after_round: int | None = None, verify: bool = True) -> RunResult:
     """Run (or read back from the cache) one experiment.
 
     ``out_dir``: where the result files go (and the checkpoint while running; a run interrupted and started
-    again with the same config and ``out_dir`` resumes). Without ``out_dir`` the run lives in the cache.
+    again with the same config and ``out_dir`` resumes; a finished run of the same config there is read back, and
+    one of another config is refused with a ``ValueError``). Without ``out_dir`` the run lives in the cache.
     ``cache``: read a finished identical run from the cache and store this one there.
     ``verify``: check the data files against the manifest (:func:`prepare_data`).
+
+    Checked before any data is loaded (``ValueError`` / ``TypeError`` naming what is wrong): the config (validated
+    when it was built), that this machine has its device, ``out_dir`` (a writable folder) and the arguments.
     """
+    if not isinstance(config, ExperimentConfig):
+        raise TypeError(f"config must be an ExperimentConfig (build one with make_config), got "
+                        f"{type(config).__name__}")
+    for name, value in (("cache", cache), ("verify", verify)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name}={value!r} is not valid; accepted: True or False")
+    if stop_after_round is not None and (isinstance(stop_after_round, bool) or not isinstance(stop_after_round, int)
+                                         or stop_after_round < 1):
+        raise ValueError(f"stop_after_round={stop_after_round!r} is not valid; accepted: an integer >= 1 or None")
+    check_device_available(config.device)
     key = run_key(config)
     cached_dir = run_cache_dir() / key[:24]
-    target = Path(out_dir) if out_dir is not None else cached_dir
+    target = check_out_dir(out_dir) if out_dir is not None else cached_dir
+    if target != cached_dir and _finished_here(config, target, key):
+        return RunResult(config, target, from_cache=True)
     if cache and (cached_dir / "summary.json").exists():
         if target != cached_dir:
             target.mkdir(parents=True, exist_ok=True)
@@ -226,7 +318,7 @@ def run_experiment(config: ExperimentConfig, out_dir: str | Path | None = None, 
     result.ledger.to_frame().to_csv(target / "ledger.csv", index=False)
     write_timings(result.timings, target / "timings.csv")
     torch.save(result.state, target / "state.pt")
-    dump_json(_summary(config, result, dataset, parts, key), target / "summary.json")
+    _write_json_atomic(_summary(config, result, dataset, parts, key), target / "summary.json")
     (target / CHECKPOINT_NAME).unlink(missing_ok=True)
     if cache and target != cached_dir:
         cached_dir.mkdir(parents=True, exist_ok=True)

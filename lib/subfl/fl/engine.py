@@ -136,7 +136,12 @@ def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Se
     checkpoint = Path(out_dir) / CHECKPOINT_NAME if out_dir is not None else None
     state: ServerState | None = None
     if checkpoint is not None and checkpoint.exists():
-        saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        try:
+            saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
+            _ = saved["fingerprint"], saved["round"], saved["state"]  # a checkpoint of this engine
+        except Exception as err:  # truncated or overwritten: say which file, rather than a deserialisation traceback
+            raise ValueError(f"out_dir {out_dir} holds a checkpoint that cannot be read ({checkpoint}: "
+                             f"{type(err).__name__}); delete it to start the run again") from None
         if saved["fingerprint"] != fingerprint:
             raise ValueError(f"out_dir {out_dir} holds a checkpoint of a different run (fingerprint "
                              f"{saved['fingerprint'][:12]} != {fingerprint[:12]}); use another out_dir or delete it")

@@ -13,6 +13,7 @@ shuffled by a generator derived from the seed.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +38,7 @@ class Heterogeneity:
         for level in self.levels:
             if not 0.0 < level <= 1.0:
                 raise ValueError(f"keep ratio must be in (0, 1], got {level} in heterogeneity levels {self.levels}")
-        if any(f < 0 for f in self.fractions) or abs(sum(self.fractions) - 1.0) > 1e-6:
+        if any(not math.isfinite(f) or f < 0 for f in self.fractions) or abs(sum(self.fractions) - 1.0) > 1e-6:
             raise ValueError(f"heterogeneity fractions must be >= 0 and sum to 1, got {self.fractions}")
 
     @property

@@ -23,6 +23,8 @@ its baselines HetLoRA (:mod:`subfl.methods.hetlora`), FedHM (:mod:`subfl.methods
 """
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +47,8 @@ CONSTRAINT_COLUMNS: dict[str, str] = {"memory": "memory_mb", "upload": "upload_m
 
 UNITS: dict[str, str] = {"memory": "MB", "upload": "MB", "compute": "GFLOPs"}
 """Unit of each constraint in messages."""
+
+_CONSTRAINT_OF = {column: constraint for constraint, column in CONSTRAINT_COLUMNS.items()}
 
 PRETRAINING_SCALES: tuple[str, ...] = ("ci", "cpu", "paper")
 """Scale names accepted as a pretrained-weights source (besides a mapping and ``"none"``)."""
@@ -100,14 +104,47 @@ def device_budgets(budgets: Sequence[Any]) -> list[DeviceBudget]:
     return out
 
 
+def _check_limits(value: Any, where: str) -> None:
+    """Each budget field of a dict or :class:`DeviceBudget` ``value`` is ``None`` or a finite real number > 0."""
+    fields = value if isinstance(value, Mapping) else vars(value) if isinstance(value, DeviceBudget) else {}
+    for name in CONSTRAINT_COLUMNS.values():
+        limit = fields.get(name)
+        if limit is None:
+            continue
+        if isinstance(limit, bool) or not isinstance(limit, numbers.Real) or not math.isfinite(float(limit)) \
+                or not float(limit) > 0:
+            raise ValueError(f"option {where}: {name}={limit!r} is not valid; accepted: a finite number > 0 "
+                             f"(the budget in {UNITS[_CONSTRAINT_OF[name]]}) or None (unconstrained)")
+
+
 def check_group_budgets(budgets: Any) -> None:
-    """Validate option ``budgets``: ``None`` or ``{group: budget dict}``."""
+    """Validate option ``budgets``: ``None`` or ``{group: budget dict}``, every limit a finite number > 0."""
     if budgets is None:
         return
     if not isinstance(budgets, Mapping):
         raise ValueError(f"option budgets must be a dict {{group: budget dict}}, got {budgets!r}")
-    for value in budgets.values():
+    for group, value in budgets.items():
+        if not isinstance(value, (Mapping, DeviceBudget, ClientProfile)):
+            raise ValueError(f"option budgets[{group!r}] must be a budget dict (memory_mb, upload_mb, gflops), "
+                             f"got {value!r}")
+        _check_limits(value, f"budgets[{group!r}]")
         as_budget(value)
+
+
+def check_devices(devices: Any) -> None:
+    """Validate option ``devices``: ``None`` or a non-empty sequence of budget dicts / :class:`DeviceBudget`, every
+    limit a finite number > 0."""
+    if devices is None:
+        return
+    if isinstance(devices, (str, bytes, Mapping)) or not isinstance(devices, Sequence):
+        raise ValueError(f"option devices must be a list of budget dicts (device, memory_mb, upload_mb, gflops) or "
+                         f"None, got {devices!r}")
+    for i, value in enumerate(devices):
+        if not isinstance(value, (Mapping, DeviceBudget, ClientProfile)):
+            raise ValueError(f"option devices[{i}] must be a budget dict (device, memory_mb, upload_mb, gflops), "
+                             f"got {value!r}")
+        _check_limits(value, f"devices[{i}]")
+    device_budgets(devices)
 
 
 def declared_population(devices: Sequence[Any] | None, ctx: ServerContext | None) -> list[Any] | None:
