@@ -1,11 +1,10 @@
 """PriSM's memory-efficient sub-model: spectral terms *and* only some output channels of each layer.
 
 Paper: PriSM (Niu et al., "Overcoming resource constraints in federated learning: large models can be trained
-with only weak clients", TMLR 2023), the memory-efficient sub-model (Eq. (5) as cited by the book's tracker;
-abstract: PriSM "exploits low-rank structure in intermediate representations and allows each sub-model to learn
-only a subset of them"). The equation's own text is not in the book's notes. What is implemented is the
-tracker's summary — "only the first r·N output channels of u are computed, the rest cached and concatenated back
-at aggregation" — which matches the authors' released code (github.com/yuehniu/modeldecomp-fl,
+with only weak clients", TMLR 2023), the memory-efficient sub-model of Sec. 3.2.1: a client computes only the
+first outputs u_i(1:r) of each decomposed layer (the paper's Eq. (5) is the aggregation of the factors). What is
+implemented: only the first r·N output channels of u are computed, the rest cached and concatenated back at
+aggregation — which matches the authors' released code (github.com/yuehniu/modeldecomp-fl,
 ``server_orth_drop_v2.py``: "drops both input and output channels in conv2d_U ... more memory-efficient as
 outputs from conv2d_U have fewer channels"; there the kept rows are the first ``⌈0.4·n⌉``, a constant, with
 ``⌈r·n⌉`` commented out).
