@@ -66,7 +66,7 @@ def departures(setting: dict[str, Any] | None, config: Any) -> list[str]:
     if isinstance(paper_model, str) and (_slug(paper_model) != _slug(config.model) or config.width != 1.0):
         out.append(f"model {paper_model} → {ours_model}")
     for field, attr in _CONFIG_FIELDS.items():
-        paper_value = setting.get(field)
+        paper_value = _plain_alpha(setting, config) if field == "alpha" else setting.get(field)
         ours = getattr(config, attr)
         if isinstance(paper_value, (int, float)) and not isinstance(paper_value, bool) and ours is not None \
                 and float(paper_value) != float(ours):
@@ -74,6 +74,20 @@ def departures(setting: dict[str, Any] | None, config: Any) -> list[str]:
     if config.dataset in DATA_CAVEATS:
         out.append(DATA_CAVEATS[config.dataset])
     return out
+
+
+_CLASSES = {"cifar10": 10, "cifar100": 100, "fmnist": 10, "tinyimagenet": 200}
+
+
+def _plain_alpha(setting: dict[str, Any], config: Any) -> Any:
+    """The paper's Dirichlet α in our plain Dir(α·1) notation: spectral sharding writes Dir(α·p) with p the class
+    proportions, so its α on a balanced K-class dataset is α/K per class (its α = 1 on CIFAR-10 is our 0.1)."""
+    alpha = setting.get("alpha")
+    partition = str(setting.get("partition") or "")
+    if isinstance(alpha, (int, float)) and re.search(r"Dir\(\s*α\s*·?\s*p\s*\)", partition):
+        classes = _CLASSES.get(_DATASET_NAMES.get(_slug(setting.get("dataset")), config.dataset))
+        return alpha / classes if classes else None
+    return alpha
 
 
 @dataclass(frozen=True)

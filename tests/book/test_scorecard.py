@@ -105,3 +105,12 @@ def test_exact_keeps_the_papers_printed_rounding():
     object.__setattr__(register.claims[2], "value", PrintedFloat(4.0, "4.0"))   # printed "4.0": rounding 0.05
     assert c.exact("t4-svd", 3.96).status == "exact"
     assert c.exact("t4-svd", 3.317).status == "differs" and c.rows[-1].paper == "4.0 s"
+
+
+def test_departures_read_dir_alpha_p_as_the_plain_per_class_alpha():
+    setting = {"source": "Sec. 4.1", "dataset": "CIFAR-10", "alpha": 1,
+               "partition": "per-client class priors drawn from Dir(αp), p the dataset's class proportions"}
+    same = make_config("fedavg", "cifar10", scale="cpu", partition="dirichlet", alpha=0.1)
+    assert not any(d.startswith("α") for d in departures(setting, same))
+    other = make_config("fedavg", "cifar10", scale="cpu", partition="dirichlet", alpha=1.0)
+    assert "α 0.1 → 1" in departures(setting, other)
