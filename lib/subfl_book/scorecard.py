@@ -63,7 +63,8 @@ def departures(setting: dict[str, Any] | None, config: Any) -> list[str]:
             out.append(f"dataset {paper_data} → {config.dataset}")
     paper_model = setting.get("model")
     ours_model = config.model + (f" ×{config.width:g} width" if config.width != 1.0 else "")
-    if isinstance(paper_model, str) and (_slug(paper_model) != _slug(config.model) or config.width != 1.0):
+    if isinstance(paper_model, str) and (_slug(re.sub(r"\(.*?\)", "", paper_model)) != _slug(config.model)
+                                         or config.width != 1.0):
         out.append(f"model {paper_model} → {ours_model}")
     for field, attr in _CONFIG_FIELDS.items():
         paper_value = _plain_alpha(setting, config) if field == "alpha" else setting.get(field)
@@ -191,7 +192,7 @@ class Scorecard:
         c = self._claim(claim)
         paper = _value(c, index)
         verdict = judge_exact(paper, float(ours), tolerance=tolerance)
-        self._add(c, verdict, statement=note or c.statement, paper=_printed(paper) + (f" {c.unit}" if c.unit else ""),
+        self._add(c, verdict, statement=note or c.statement, paper=_printed(paper) + _unit_of(c, index),
                   ours=fmt(float(ours), 4), config=None, scale="analytic")
         return verdict
 
@@ -288,6 +289,16 @@ def _value(claim: Claim, index: int | None) -> float:
     if index not in (None, 0):
         raise ValueError(f"{claim.key} holds one value; index={index!r} is not valid")
     return _keep_printed(value)
+
+
+def _unit_of(claim: Claim, index: int | None) -> str:
+    """The unit of one element: a list-valued claim may give one unit per element ("M parameters, % of full")."""
+    if not claim.unit:
+        return ""
+    parts = [u.strip() for u in claim.unit.split(",")]
+    if isinstance(claim.value, list) and index is not None and len(parts) == len(claim.value):
+        return f" {parts[index]}"
+    return f" {claim.unit}"
 
 
 def _keep_printed(value: Any) -> float:
