@@ -229,3 +229,15 @@ def load_recorded(path: str | Path) -> RecordedRuns:
 
 __all__ = ["RESULTS_DIR", "RecordedRun", "RecordedRuns", "load_recorded", "load_stage_benchmark", "recorded_path",
            "seed_table"]
+
+
+def stage_benchmark_config(name: str) -> "ExperimentConfig":
+    """The configuration a recorded stage benchmark (``scripts/bench_spectral_server.py``'s ``measure()``, PriSM
+    Table 4's counterpart) ran, rebuilt from the file's arguments — so a scorecard can name how it departs from the
+    paper's setting."""
+    from subfl.experiments import make_config
+    args = json.loads(recorded_path(name).read_text(encoding="utf-8"))["args"]
+    return make_config("prism", "cifar10", args.get("model", "resnet18"), scale="cpu", width=args["width"],
+                       rounds=args["rounds"], num_clients=args["clients"], clients_per_round=args["clients"],
+                       local_epochs=args["local_epochs"], heterogeneity="0.2", max_train_samples=args["samples"],
+                       max_test_samples=200, eval_every=args["rounds"], lr=0.01)

@@ -1,0 +1,149 @@
+"""Helpers of the spectral-sharding chapter's pages (notebooks/spectral/*.ipynb).
+
+Korzhenkov & Louizos, "On Sampling Strategies for Spectral Model Sharding" (Table 1, Fig. 3, Sec. 4.2, Sec. 5,
+Algorithm 2), and PriSM (Niu et al.; Fig. 5, 8, 9): the per-run and per-seed numbers the pages' tables and
+scorecards compare. Every function takes what it reads as arguments; none reads a notebook's globals.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from subfl import sampling
+from subfl.experiments.runner import RunResult
+from subfl.sampling import analysis
+
+from ..spectral_shakespeare import last_evaluations_mean
+
+_NAN = float("nan")
+
+
+def algorithm2_rows(lam: np.ndarray, n: int, clients: int, label: str) -> list[dict[str, Any]]:
+    """Algorithm 2 run as printed and with Eq. (27)'s sign on line 30: each returned design's E‖W−Ŵ‖² against
+    Theorem 3.2's closed-form optimum for spectrum ``lam``, ``n`` kept terms and ``clients`` clients (one row per
+    line-30 variant)."""
+    closed = analysis.check_collective_optimum(lam, n, clients)["closed_form"]
+    out = []
+    for line30 in analysis.ALGORITHM2_LINE30:
+        pi, w, _, (t, u) = analysis.algorithm2_collective(lam, n, clients, line30)
+        found = sampling.expected_discrepancy(lam, pi, np.where(pi > 0, w, 1.0), clients)
+        out.append({"spectrum": label, "n": n, "line 30": line30, "t": t, "u": u, "E‖W−Ŵ‖²": found,
+                    "Theorem 3.2 optimum": closed, "excess over the optimum": found / closed - 1})
+    return out
+
+
+def find_run(runs: Iterable[RunResult], method: str, seed: int) -> RunResult:
+    """The run of ``method`` with ``seed`` among ``runs`` (Table 1's cells are read per method and seed)."""
+    return next(r for r in runs if r.config.method == method and r.config.seed == seed)
+
+
+def final_percent(run: RunResult, chance: float) -> float:
+    """Final accuracy in percent (Table 1, Fig. 3); a diverged run (NaN final accuracy) counts at ``chance``."""
+    value = run.final()
+    return chance if run.diverged or math.isnan(value) else 100 * value
+
+
+def early_percent(run: RunResult, early: int, chance: float) -> float:
+    """Accuracy in percent at the run's first evaluation at or after round ``early`` (Sec. 5's slower learning
+    curve); ``chance`` if the run has none there or it is NaN."""
+    curve = run.curve()
+    curve = curve[curve["round"] >= early]
+    return chance if curve.empty or math.isnan(curve["value"].iloc[0]) else 100 * float(curve["value"].iloc[0])
+
+
+def first_evaluation_round(runs: Iterable[RunResult], early: int) -> int:
+    """The first accuracy evaluation round at or after ``early`` among ``runs`` (Fig. 3's early comparison);
+    ``early`` itself if none has one."""
+    rounds = [r for run in runs for r in run.curve()["round"] if r >= early]
+    return int(min(rounds)) if rounds else early
+
+
+def accuracy_at_round(run: RunResult, at: int, chance: float) -> float:
+    """Accuracy in percent at round ``at`` exactly (Fig. 3: top-n learns early, then overfits); ``chance`` if the
+    run has no value there or it is NaN."""
+    curve = run.curve().set_index("round")["value"]
+    return 100 * float(curve[at]) if at in curve.index and not math.isnan(curve[at]) else chance
+
+
+def round_diagnostic(run: RunResult, metric: str, how: str = "mean") -> float:
+    """A sampling diagnostic logged by the run (ANME, Sec. 4.2.2; PriSM's coverage, Fig. 9; effective rank, Fig. 8),
+    averaged over layers each round, then summarised over rounds by ``how`` (mean, min, max, first, middle, last);
+    NaN if the run logged none."""
+    h = run.history
+    per_round = h[h.metric == metric].groupby("round").value.mean()
+    if per_round.empty:
+        return math.nan
+    summaries = {"mean": per_round.mean, "min": per_round.min, "max": per_round.max,
+                 "first": lambda: per_round.iloc[0], "middle": lambda: per_round.iloc[len(per_round) // 2],
+                 "last": lambda: per_round.iloc[-1]}
+    if how not in summaries:
+        raise ValueError(f"how={how!r} is not valid; accepted: {', '.join(summaries)}")
+    return summaries[how]()
+
+
+def seedwise_best(values: Mapping[str, Sequence[float]], *methods: str) -> list[float]:
+    """Per seed, the largest value among ``methods`` (e.g. the better of top-n and PriSM, Table 1's caption)."""
+    return [max(per_seed) for per_seed in zip(*(values[m] for m in methods))]
+
+
+def seedwise_worst(values: Mapping[str, Sequence[float]], *methods: str) -> list[float]:
+    """Per seed, the smallest value among ``methods`` (e.g. the weaker of Unbiased and Collective, Sec. 4.2.1)."""
+    return [min(per_seed) for per_seed in zip(*(values[m] for m in methods))]
+
+
+def nan_max(values: Iterable[float]) -> float:
+    """The largest of ``values``, NaN if any is NaN (a diverged seed leaves the comparison undecided)."""
+    values = list(values)
+    return _NAN if any(v != v for v in values) else max(values)
+
+
+def nan_min(values: Iterable[float]) -> float:
+    """The smallest of ``values``, NaN if any is NaN (a diverged seed leaves the comparison undecided)."""
+    values = list(values)
+    return _NAN if any(v != v for v in values) else min(values)
+
+
+def finite_mean(values: Iterable[float]) -> float:
+    """Mean of the non-NaN ``values``, −∞ if there are none (ranks strategies with a diverged seed last)."""
+    finite = [v for v in values if v == v]
+    return sum(finite) / len(finite) if finite else -float("inf")
+
+
+def chance_mean(values: Sequence[float], chance: float) -> float:
+    """Mean of ``values`` with each NaN (a diverged seed) counted at ``chance``, as the scorecard's rule counts it."""
+    return sum(chance if v != v else v for v in values) / len(values)
+
+
+def seed_final_labels(runs: Iterable[RunResult]) -> pd.DataFrame:
+    """One row per run: method, lr, seed and its final accuracy to 4 digits, or the round it diverged in (Table 1's
+    per-seed cells)."""
+    return pd.DataFrame([{"method": r.config.method, "lr": r.config.lr, "seed": r.config.seed,
+                          "final accuracy": f"{r.final():.4f}" if not r.diverged
+                          else f"diverged in round {r.summary['diverged_at_round']}"} for r in runs])
+
+
+def seed_accuracies(curves: pd.DataFrame, method: str, seeds: Sequence[int], end: int, eval_every: int) -> list[float]:
+    """Each seed's accuracy (%) as the mean of its last five evaluations up to round ``end`` (Table 1's and Table 2's
+    Shakespeare cells); NaN for a seed without a curve (diverged)."""
+    means = last_evaluations_mean(curves, end, eval_every)
+    return [100 * float(means.get((method, s), _NAN)) for s in seeds]
+
+
+def seed_metric_means(runs: Iterable[RunResult], method: str, seeds: Sequence[int], metric: str = "anme") -> list[float]:
+    """Each seed's ``metric`` averaged over all its logged rows (ANME over rounds and keep-ratio groups, Sec. 4.2.2);
+    NaN for a diverged or missing run."""
+    by_seed = {r.config.seed: _NAN if r.diverged else float(r.history.loc[r.history["metric"] == metric, "value"].mean())
+               for r in runs if r.config.method == method}
+    return [by_seed.get(s, _NAN) for s in seeds]
+
+
+def effective_rank_share(run: RunResult, at: int) -> float:
+    """The server model's effective rank / N at round ``at``, mean over its decomposed layers (PriSM Fig. 8); NaN
+    past a divergence. Reads the run's saved factors for each layer's N."""
+    terms = {layer: len(f["singular_values"]) for layer, f in run.state()["factors"].items()}
+    ranks = run.history[(run.history["metric"] == "effective_rank") & (run.history["round"] == at)]
+    return float((ranks["value"] / ranks["group"].map(terms)).mean())
