@@ -101,6 +101,7 @@ def saved_tensor_breakdown(
     seen_views: set[tuple] = set()
     covered: dict[int, list[tuple[int, int]]] = {}
     handles = []
+    held: list[torch.Tensor] = []
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         ptr = _storage_ptr(tensor)
@@ -118,10 +119,15 @@ def saved_tensor_breakdown(
             seen_views.add(key)
             module = stack[-1] if stack else LOSS_MODULE
             rows.append(SavedTensor(module, tuple(tensor.shape), tensor.dtype, tensor_bytes, added))
-        return tensor
+        # the tensor is held here, as autograd would hold it until backward (so no later tensor reuses its memory
+        # and is mistaken for a view of it), and released when the measurement ends. Handing it back to autograd
+        # instead would tie an op's output to its own grad_fn: a reference cycle through the autograd graph that
+        # Python's collector cannot free (each call leaked its activations). The pass is never differentiated.
+        held.append(tensor)
+        return None
 
-    def unpack(tensor: torch.Tensor) -> torch.Tensor:
-        return tensor
+    def unpack(packed: None) -> torch.Tensor:
+        raise RuntimeError("saved_tensor_breakdown measures a forward pass; its graph cannot be differentiated")
 
     def enter(name: str) -> Callable:
         return lambda module, args: stack.append(name)
@@ -139,6 +145,7 @@ def saved_tensor_breakdown(
     finally:
         for handle in handles:
             handle.remove()
+        held.clear()
     return rows
 
 

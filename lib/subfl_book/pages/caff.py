@@ -204,3 +204,9 @@ def shallow_deep_pairs(layer_keys: Sequence[FinetuningKey],
             if most[2] > deep[2]:
                 pairs.append((most, deep))
     return pairs
+
+
+def table_row(table: pd.DataFrame, kind: str, layers: int, config: str) -> pd.Series:
+    """The cost row of one model family, depth and finetuning configuration (``"t = 1"``, ``"LoRA r = 24"``) in the
+    memory page's table (CAFF Fig. 5, App. A)."""
+    return table[(table.model == kind) & (table.layers == layers) & (table.config == config)].iloc[0]
