@@ -216,9 +216,18 @@ class MissingRunError(LookupError):
     """A run is not in the store and ``$SUBFL_STORE_ONLY`` forbids computing it."""
 
 
+def root_for(config: ExperimentConfig) -> Path:
+    """Where a run is recorded: :func:`store_root`, except that ``ci``-scale runs (smoke tests) never go into the
+    repository's store — without ``$SUBFL_STORE_DIR`` they are kept in the work folder's ``ci-store/``."""
+    if config.scale == "ci" and not os.environ.get("SUBFL_STORE_DIR"):
+        return work_root() / "ci-store"
+    return store_root()
+
+
 def _stored_enough(config: ExperimentConfig, key: str, keep_state: bool) -> StoredRun | None:
-    stored = load_record(config, key)
-    return stored if stored is not None and (not keep_state or state_path(key).exists()) else None
+    root = root_for(config)
+    stored = load_record(config, key, root)
+    return stored if stored is not None and (not keep_state or state_path(key, root).exists()) else None
 
 
 def run_experiment(config: ExperimentConfig, *, data_root: str | Path | None = None, progress: bool | None = None,
@@ -244,9 +253,9 @@ def run_experiment(config: ExperimentConfig, *, data_root: str | Path | None = N
         work = work_root() / key[:24]
         with book_threads():
             result = compute_run(config, work, cache=False, data_root=data_root, progress=progress)
-        save_record(result, key, keep_state=keep_state, data_root=data_root)
+        save_record(result, key, keep_state=keep_state, data_root=data_root, root=root_for(config))
         shutil.rmtree(work, ignore_errors=True)
-    return load_record(config, key)
+    return load_record(config, key, root_for(config))
 
 
 def run_seeds(config: ExperimentConfig, seeds: Iterable[int], **kwargs: Any) -> list[RunResult]:

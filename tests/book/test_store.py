@@ -129,3 +129,12 @@ def test_store_only_mode_refuses_to_compute_a_missing_run(monkeypatch):
     monkeypatch.setenv(STORE_ONLY_ENV, "1")
     with pytest.raises(MissingRunError, match="not in the store"):
         run_experiment(make_config("fedavg", "digits", scale="ci", rounds=1))
+
+
+def test_ci_runs_never_go_into_the_repository_store(monkeypatch, tmp_path):
+    from subfl.experiments import make_config
+    from subfl_book.store import checkout_root, root_for
+    monkeypatch.delenv("SUBFL_STORE_DIR", raising=False)
+    monkeypatch.setenv("SUBFL_WORK_DIR", str(tmp_path))
+    assert root_for(make_config("fedavg", "fmnist", scale="ci")) == tmp_path / "ci-store"
+    assert root_for(make_config("fedavg", "fmnist", scale="cpu")) == checkout_root() / "store"
