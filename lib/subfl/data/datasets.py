@@ -23,7 +23,7 @@ from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -78,22 +78,23 @@ _OPTIONS: MappingProxyType = MappingProxyType({
 # ------------------------------------------------------------------------------------------------
 # public entry points
 # ------------------------------------------------------------------------------------------------
+def _registered(name: str, builtin: Mapping[str, Any], attribute: str) -> Any:
+    """``builtin[name]`` for a built-in dataset, else the attribute of its external registration."""
+    if name in builtin:
+        return builtin[name]
+    if name in EXTERNAL_DATASETS:
+        return getattr(EXTERNAL_DATASETS[name], attribute)
+    raise ValueError(f"name must be one of {DATASETS}, got {name!r}")
+
+
 def dataset_version(name: str) -> int:
     """The version of the loader of ``name`` (one of :data:`DATASETS`)."""
-    if name in BUILTIN_VERSIONS:
-        return BUILTIN_VERSIONS[name]
-    if name in EXTERNAL_DATASETS:
-        return EXTERNAL_DATASETS[name].version
-    raise ValueError(f"name must be one of {DATASETS}, got {name!r}")
+    return _registered(name, BUILTIN_VERSIONS, "version")
 
 
 def dataset_options(name: str) -> MappingProxyType:
     """The options :func:`load_dataset` accepts for ``name`` (one of :data:`DATASETS`), with their defaults."""
-    if name in _OPTIONS:
-        return _OPTIONS[name]
-    if name in EXTERNAL_DATASETS:
-        return EXTERNAL_DATASETS[name].options
-    raise ValueError(f"name must be one of {DATASETS}, got {name!r}")
+    return _registered(name, _OPTIONS, "options")
 
 
 def load_dataset(name: str, data_root: str | os.PathLike | None = None, *, download: bool = False,
