@@ -18,9 +18,10 @@ import json
 import os
 import re
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import pandas as pd
+from subfl.experiments.runner import RunResult
 
 from .claims import Claim, Register, load_register
 from .verdict import Band, Verdict, fmt, judge_bound, judge_exact, judge_order, judge_trend
@@ -335,6 +336,14 @@ def _log(row: ScoreRow) -> None:
     if path:
         with open(path, "a") as fh:
             fh.write(json.dumps(asdict(row)) + "\n")
+
+
+def seed_percent(results: Iterable[RunResult], metric: str = "accuracy",
+                 group: Callable[[RunResult], str] | None = None) -> list[float]:
+    """Each run's final ``metric`` in percent, one value per seed run — our values in the unit the papers print
+    (NaN for a diverged run; the verdict rule counts it at chance). ``group`` names each run's scored model
+    (default: the global one)."""
+    return [100 * r.final(metric, group(r) if group is not None else "global") for r in results]
 
 
 STATUS_COLOURS = {"exact": "#1a7f37", "same": "#1a7f37", "differs": "#cf222e", "inconclusive": "#9a6700",

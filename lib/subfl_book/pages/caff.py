@@ -17,6 +17,7 @@ import pandas as pd
 from subfl.experiments.config import ExperimentConfig
 from subfl.experiments.runner import RunResult
 from subfl_book.analysis import group_members
+from subfl_book.scorecard import seed_percent  # noqa: F401  (the pages import it from here too)
 
 Values = Mapping[tuple, Sequence[float]]
 """Per-seed values of the runs of a table, keyed by ``(*cell, method)``."""
@@ -32,13 +33,6 @@ FinetuningKey = tuple[int, str, int, int]
 
 
 # --- per-seed values of table cells (Tables 1-2) ---------------------------------------------------------------------
-
-def seed_percent(results: Iterable[RunResult], metric: str = "accuracy",
-                 group: Callable[[RunResult], str] | None = None) -> list[float]:
-    """A final metric in percent, one value per seed run (Tables 1-2's accuracy); ``group`` names each run's scored
-    model (default: the global one)."""
-    return [100 * r.final(metric, group(r) if group is not None else "global") for r in results]
-
 
 def seed_mean(values: Sequence[float]) -> float:
     """The NaN-skipping mean over seeds (NaN for none): how the best method of a Table 1/2 cell is ranked."""

@@ -30,12 +30,6 @@ def covered_fraction(result: RunResult, how: str = "mean") -> float:
     return values.mean() if how == "mean" else values.min()
 
 
-def percent_accuracies(runs: Iterable[RunResult], metric: str = "accuracy") -> list[float]:
-    """Each run's final global ``metric`` in % (NaN for a diverged run), per seed: the accuracies the scorecards
-    compare with the paper's tables (Table 3, Figs. 5 and 11)."""
-    return [100 * r.final(metric) for r in runs]
-
-
 def seed_drops(reference: Sequence[float], values: Sequence[float]) -> list[float]:
     """Per seed, ``reference`` minus ``values`` (points when both are in %; NaN where either diverged): a
     method's drop below the full model (Figs. 5 and 11) or a variant's loss against plain PriSM (abstract)."""
