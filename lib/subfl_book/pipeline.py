@@ -33,7 +33,7 @@ from subfl.experiments.config import ExperimentConfig
 from subfl.experiments.presets import SCALES
 
 from .scorecard import PAGE_NAME_ENV, SCORECARD_LOG_ENV, read_rows
-from .store import BOOK_THREADS, RUNS_LOG_ENV, book_key, checkout_root, record_path
+from .store import BOOK_THREADS, RUNS_LOG_ENV, book_key, checkout_root, key_to_read, record_path
 
 
 def project_root() -> Path:
@@ -115,10 +115,13 @@ def config_from_record(config: dict[str, Any]) -> ExperimentConfig:
 
 
 def _current_key(run: dict[str, Any]) -> str | None:
+    """The key of the record the page would read for this run now (:func:`subfl_book.store.key_to_read`), else the
+    key it would compute; ``None`` for a config no longer valid."""
     try:
-        return book_key(config_from_record(run["config"]))
+        config = config_from_record(run["config"])
     except (TypeError, ValueError):
         return None
+    return key_to_read(config) or book_key(config)
 
 
 def _staleness(source: Path, meta: dict[str, Any], scale: str) -> str | None:
@@ -133,7 +136,7 @@ def _staleness(source: Path, meta: dict[str, Any], scale: str) -> str | None:
         return "executed before pages recorded the runs they read"
     changed = [r for r in runs if _current_key(r) != r["key"]]
     if changed:
-        return f"{len(changed)} of its {len(runs)} runs changed key (a version they use moved)"
+        return f"{len(changed)} of its {len(runs)} runs changed key (a version they use moved, or a run of this environment was recorded)"
     missing = [r for r in runs if not record_path(r["key"]).exists()]
     if missing:
         return f"{len(missing)} of its {len(runs)} runs are not in the store"
@@ -239,30 +242,40 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
 RUN_CARD_TAG = "run-card"
 
 
-def _record_summary(key: str) -> dict[str, Any]:
+def _record(key: str) -> dict[str, Any]:
     import gzip
     path = record_path(key)
-    return json.loads(gzip.decompress(path.read_bytes()))["summary"] if path.exists() else {}
+    return json.loads(gzip.decompress(path.read_bytes())) if path.exists() else {}
+
+
+def _environment_label(record: dict[str, Any]) -> str:
+    env = record["summary"]["environment"]
+    accelerator = record.get("hardware", {}).get("accelerator")
+    return (f"torch {env['torch']}, {env['threads']} thread{'s' if env['threads'] != 1 else ''}, {env['device']}"
+            + (f" ({accelerator})" if accelerator else ""))
 
 
 def run_card(meta: dict[str, Any]) -> str:
-    """The run card of an executed page (markdown): scale, seeds, the runs it read and what computing them took,
-    data caveats, hardware, wall time, library version, date — all from the page's metadata and the run store."""
+    """The run card of an executed page (markdown): scale, seeds, the runs it read, the environments they were computed
+    in and what computing them took, data caveats, hardware, wall time, library version, date — all from the page's
+    metadata and the run store."""
+    from collections import Counter
+
     runs = meta.get("runs") or []
-    summaries = [_record_summary(r["key"]) for r in runs]
+    records = [_record(r["key"]) for r in runs]
+    summaries = [r.get("summary", {}) for r in records]
     seeds = sorted({r["config"].get("seed", 0) for r in runs})
     datasets = sorted({r["config"].get("dataset") for r in runs if r["config"].get("dataset")})
     train_s = sum(s.get("wall_time_s") or 0.0 for s in summaries)
     notes = {s.get("dataset_notes") for s in summaries if s.get("dataset_notes")}
-    envs = sorted({f"torch {s['environment']['torch']}, {s['environment']['threads']} thread"
-                   f"{'s' if s['environment']['threads'] != 1 else ''}, {s['environment']['device']}"
-                   for s in summaries if s.get("environment")})
+    envs = Counter(_environment_label(r) for r in records if r.get("summary", {}).get("environment"))
+    env_text = "; ".join(f"{n} on {label}" for label, n in sorted(envs.items(), key=lambda kv: (-kv[1], kv[0])))
     m = meta.get("machine", {})
     lines = [f"**Scale** `{meta.get('scale')}`"]
     if runs:
         lines.append(f"**runs read** {len(runs)} from the run store (seeds {', '.join(map(str, seeds))}; "
-                     f"datasets {', '.join(datasets)}); computing them took {train_s / 3600:.2f} CPU-hours "
-                     f"({'; '.join(envs)})")
+                     f"datasets {', '.join(datasets)}); computing them took {train_s / 3600:.2f} hours, one process "
+                     f"each ({env_text})")
     else:
         lines.append("**runs read** none (this page computes what it shows)")
     lines.append(f"**page executed** on {m.get('processor', '?')}, {m.get('cpus', '?')} CPUs, torch "

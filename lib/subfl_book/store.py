@@ -11,15 +11,25 @@ Final weights are kept (``<key>.state.pt``) only for the runs a page evaluates a
 checkpoint in the work folder, ``.subfl-work/`` by default), then records it. The book's runs are made with **one
 torch thread** (:data:`BOOK_THREADS`), so their keys, and their histories, do not depend on the machine's core count.
 
+A run's key names its environment class (torch ``major.minor``, threads, device type), so a machine with another
+torch, or a run made on a GPU, has other keys. When the store holds no run of the reader's own environment, the
+page reads one of another environment **of the same experiment** — the same canonical config (its ``device`` aside)
+and the same versions (:func:`experiment_key`) — and its run card names each environment it read. Two environments
+give different floating-point histories of one experiment; they are not different experiments. Set
+``$SUBFL_STORE_SAME_ENVIRONMENT=1`` to read only runs of this environment (and compute the others here).
+
 Size budget: the store is meant to stay under :data:`SIZE_BUDGET_MB` (``tests/book/test_store.py`` checks it).
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
+import hashlib
 import io
 import json
 import os
+import platform
 import shutil
 import time
 from collections.abc import Iterable, Iterator
@@ -123,12 +133,29 @@ def _confusions(result: RunResult, data_root: str | Path | None) -> dict[str, An
     return {name: _sparse(m) for name, m in final_confusions(result, data_root).items()}
 
 
+def hardware(device: str) -> dict[str, Any]:
+    """The machine a run was computed on: its processor and core count, and the accelerator's name for a GPU run."""
+    out: dict[str, Any] = {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()}
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        out["accelerator"] = torch.cuda.get_device_name(torch.device(device))
+    return out
+
+
+def experiment_key(canonical: dict[str, Any], versions: dict[str, Any]) -> str:
+    """sha256 of (canonical config without its ``device``, versions): what a run computes, whichever machine
+    computed it. Runs of one experiment in different environment classes share it (their run keys differ)."""
+    config = {k: v for k, v in canonical.items() if k != "device"}
+    return hashlib.sha256(json.dumps({"config": config, "versions": versions}, sort_keys=True).encode()).hexdigest()
+
+
 def save_record(result: RunResult, key: str, *, keep_state: bool = False, data_root: str | Path | None = None,
                 root: Path | None = None) -> Path:
     """Write ``result`` into the store under ``key`` (atomically); its weights too with ``keep_state``."""
     summary = result.summary
     record = {"key": key, "config": summary["config"], "canonical_config": summary["canonical_config"],
               "versions": summary["versions"], "environment": summary["environment"], "summary": summary,
+              "experiment_key": experiment_key(summary["canonical_config"], summary["versions"]),
+              "hardware": hardware(result.config.device),
               "history": _frame_columns(result.history), "ledger": _frame_columns(result.ledger),
               "timings": _frame_columns(result.timings), "confusions": _confusions(result, data_root)}
     text = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str).encode()
@@ -224,10 +251,63 @@ def root_for(config: ExperimentConfig) -> Path:
     return store_root()
 
 
-def _stored_enough(config: ExperimentConfig, key: str, keep_state: bool) -> StoredRun | None:
+SAME_ENVIRONMENT_ENV = "SUBFL_STORE_SAME_ENVIRONMENT"
+"""Set to 1: read only runs recorded in this machine's environment class (no run of another environment stands in)."""
+
+
+def _read_header(path: Path) -> tuple[str, dict[str, Any]]:
+    record = json.loads(gzip.decompress(path.read_bytes()))
+    ek = record.get("experiment_key") or experiment_key(record["canonical_config"], record["versions"])
+    return ek, record["environment"]
+
+
+@functools.lru_cache(maxsize=8)
+def _experiment_index(root: Path, stamp: tuple[int, float]) -> dict[str, list[tuple[str, dict[str, Any]]]]:
+    """``{experiment key: [(run key, environment), ...]}`` of every record under ``root`` (``stamp``: the records'
+    count and latest change, so that a record written since is seen)."""
+    index: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for path in sorted(root.glob("??/*.json.gz")):
+        ek, environment = _read_header(path)
+        index.setdefault(ek, []).append((path.name[:-len(".json.gz")], environment))
+    return index
+
+
+def _stamp(root: Path) -> tuple[int, float]:
+    dirs = [d for d in root.glob("??") if d.is_dir()]
+    return (sum(1 for d in dirs for _ in d.glob("*.json.gz")), max((d.stat().st_mtime for d in dirs), default=0.0))
+
+
+def same_experiment(config: ExperimentConfig, root: Path | None = None) -> list[str]:
+    """Run keys of the records under ``root`` that computed ``config``'s experiment in any environment class,
+    CPU runs first, then by key (the order a page takes them in)."""
+    from subfl.experiments.provenance import canonical_config, run_versions
+
+    root = store_root() if root is None else root
+    if not root.exists():
+        return []
+    rows = _experiment_index(root, _stamp(root)).get(experiment_key(canonical_config(config), run_versions(config)),
+                                                      [])
+    return [key for key, env in sorted(rows, key=lambda row: (row[1].get("device") != "cpu", row[0]))]
+
+
+def key_to_read(config: ExperimentConfig, keep_state: bool = False) -> str | None:
+    """The key of the record a page reads for ``config`` now: the run of this environment when the store has it,
+    else (unless ``$SUBFL_STORE_SAME_ENVIRONMENT``) the first of :func:`same_experiment`; ``None`` when neither is
+    recorded (with its weights, for ``keep_state``)."""
+    key = book_key(config)
     root = root_for(config)
-    stored = load_record(config, key, root)
-    return stored if stored is not None and (not keep_state or state_path(key, root).exists()) else None
+    candidates = [key]
+    if os.environ.get(SAME_ENVIRONMENT_ENV, "") in ("", "0"):
+        candidates += [k for k in same_experiment(config, root) if k != key]
+    for candidate in candidates:
+        if record_path(candidate, root).exists() and (not keep_state or state_path(candidate, root).exists()):
+            return candidate
+    return None
+
+
+def _stored_enough(config: ExperimentConfig, key: str, keep_state: bool) -> StoredRun | None:
+    found = key_to_read(config, keep_state)
+    return None if found is None else load_record(config, found, root_for(config))
 
 
 def run_experiment(config: ExperimentConfig, *, data_root: str | Path | None = None, progress: bool | None = None,
@@ -238,10 +318,11 @@ def run_experiment(config: ExperimentConfig, *, data_root: str | Path | None = N
     process is computing is waited for (at most ``$SUBFL_LOCK_TIMEOUT_S``, default 12 h) and then read.
     """
     key = book_key(config)
-    _log_read(key, config)
     stored = _stored_enough(config, key, keep_state)
     if stored is not None:
+        _log_read(stored.key, config)
         return stored
+    _log_read(key, config)
     if os.environ.get(STORE_ONLY_ENV, "") not in ("", "0"):
         raise MissingRunError(f"run {key[:12]} ({config.label()}) is not in the store "
                               f"{'with its weights ' if keep_state else ''}and ${STORE_ONLY_ENV} forbids computing it")

@@ -138,3 +138,68 @@ def test_ci_runs_never_go_into_the_repository_store(monkeypatch, tmp_path):
     monkeypatch.setenv("SUBFL_WORK_DIR", str(tmp_path))
     assert root_for(make_config("fedavg", "fmnist", scale="ci")) == tmp_path / "ci-store"
     assert root_for(make_config("fedavg", "fmnist", scale="cpu")) == checkout_root() / "store"
+
+
+def _as_other_environment(run, environment: dict) -> str:
+    """Re-file ``run``'s record as if it had been computed in ``environment`` (another machine's torch or device);
+    returns the key it is filed under. The record's own key file is removed."""
+    path = store.record_path(run.key)
+    record = json.loads(gzip.decompress(path.read_bytes()))
+    key = run_key(CONFIG, environment)
+    record.update(key=key, environment=environment)
+    record["summary"]["environment"] = environment
+    store._atomic_write(store.record_path(key), gzip.compress(json.dumps(record).encode()))
+    path.unlink()
+    return key
+
+
+GPU = {"torch": "2.11", "threads": 1, "device": "cuda"}
+
+
+def test_a_run_of_another_environment_stands_in_for_the_same_experiment_only(tmp_store, monkeypatch):
+    local = store.run_experiment(CONFIG)
+    assert store.key_to_read(CONFIG) == local.key
+    other = _as_other_environment(local, GPU)
+    assert other != local.key and store.key_to_read(CONFIG) == other
+    monkeypatch.setattr(store, "compute_run", lambda *a, **k: pytest.fail("a recorded experiment was recomputed"))
+    read = store.run_experiment(CONFIG)
+    assert read.key == other and read.summary["environment"]["device"] == "cuda"
+    pd.testing.assert_frame_equal(read.history, local.history)
+    # another experiment (one field changed) never stands in, nor does any run with its weights asked for
+    assert store.key_to_read(CONFIG.replace(lr=CONFIG.lr * 2)) is None
+    assert store.key_to_read(CONFIG, keep_state=True) is None
+    # asked to read only this environment's runs, the store has none
+    monkeypatch.setenv(store.SAME_ENVIRONMENT_ENV, "1")
+    monkeypatch.setenv(store.STORE_ONLY_ENV, "1")
+    assert store.key_to_read(CONFIG) is None
+    with pytest.raises(store.MissingRunError):
+        store.run_experiment(CONFIG)
+
+
+def test_the_run_of_this_environment_is_read_first_once_recorded(tmp_store, monkeypatch):
+    local = store.run_experiment(CONFIG)
+    history = local.history
+    other = _as_other_environment(local, GPU)
+    again = store.run_experiment(CONFIG)  # computes nothing: the GPU record stands in
+    assert again.key == other
+    monkeypatch.setenv(store.SAME_ENVIRONMENT_ENV, "1")
+    recomputed = store.run_experiment(CONFIG)  # computes this environment's run
+    monkeypatch.delenv(store.SAME_ENVIRONMENT_ENV)
+    assert recomputed.key == local.key != other
+    assert store.key_to_read(CONFIG) == local.key and store.same_experiment(CONFIG) == [local.key, other]
+    pd.testing.assert_frame_equal(recomputed.history, history)
+
+
+def test_the_experiment_key_ignores_the_device_but_follows_config_and_versions():
+    canonical, versions = canonical_config(CONFIG), {"engine": 1, "method:prism": 3}
+    key = store.experiment_key(canonical, versions)
+    assert store.experiment_key({**canonical, "device": "cuda"}, versions) == key
+    assert store.experiment_key({**canonical, "lr": 0.5}, versions) != key
+    assert store.experiment_key(canonical, {**versions, "method:prism": 4}) != key
+
+
+def test_a_record_names_the_hardware_it_was_computed_on(tmp_store):
+    run = store.run_experiment(CONFIG)
+    record = json.loads(gzip.decompress(store.record_path(run.key).read_bytes()))
+    assert record["hardware"]["cpus"] >= 1 and "accelerator" not in record["hardware"]
+    assert record["experiment_key"] == store.experiment_key(record["canonical_config"], record["versions"])

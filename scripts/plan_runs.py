@@ -1,0 +1,89 @@
+"""Plan: the runs the given pages read that the store lacks (to compute them elsewhere with ``compute_runs.py``).
+
+Each page's code cells run at the ``cpu`` scale with a stand-in for every run the store lacks: the record of the
+most similar stored run (same method, dataset and model where there is one) under the asked config, so the page
+goes on to ask for its next runs. What the page computes from stand-ins is thrown away; only the list of missing
+runs is kept. A page whose analysis breaks on a stand-in stops early and its plan may be incomplete: the output
+names the error, and re-planning after its first runs are recorded finds the rest.
+
+    python scripts/plan_runs.py notebooks/spectral/training.ipynb --out plan.json
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+
+def plan_page(page: Path) -> tuple[list[dict], str | None]:
+    """``(missing runs, error)`` of one page: each missing run as ``{"key", "config", "keep_state", "label"}``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import nbformat
+
+    import subfl_book
+    import subfl_book.store as store
+
+    records = [json.loads(gzip.decompress(p.read_bytes())) for p in store.store_root().glob("??/*.json.gz")]
+    if not records:
+        raise SystemExit("the store holds no record to stand in for a missing run")
+    missing: dict[str, dict] = {}
+
+    def similarity(record: dict, config) -> int:
+        theirs = record["config"]
+        return 4 * (theirs.get("method") == config.method) + 2 * (theirs.get("dataset") == config.dataset) \
+            + (theirs.get("model") == config.model)
+
+    def planned_run(config, *, data_root=None, progress=None, keep_state=False):
+        found = store.key_to_read(config, keep_state)
+        if found is not None:
+            return store.load_record(config, found, store.root_for(config))
+        key = store.book_key(config)
+        entry = missing.setdefault(key, {"key": key, "config": config.to_dict(), "keep_state": False,
+                                         "label": config.label()})
+        entry["keep_state"] |= keep_state
+        stand_in = max(records, key=lambda r: similarity(r, config))
+        return store.StoredRun(config, stand_in, Path("/nonexistent/stand-in.state.pt"))
+
+    store.run_experiment = planned_run
+    subfl_book.run_experiment = planned_run
+    cells = []
+    for cell in nbformat.read(page, as_version=4).cells:
+        if cell.cell_type == "code":
+            cells.append(cell.source)
+            if "parameters" in cell.metadata.get("tags", []):
+                cells.append('scale = "cpu"')
+    namespace = {"display": lambda *a, **k: None, "__name__": "__main__"}
+    try:
+        exec(compile("\n".join(cells), str(page), "exec"), namespace)
+        error = None
+    except Exception as exc:  # a stand-in broke the page's analysis: the plan so far is kept
+        error = f"{type(exc).__name__}: {exc}"[:300]
+    return list(missing.values()), error
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("pages", nargs="+", type=Path, help="source notebooks (notebooks/<chapter>/<page>.ipynb)")
+    parser.add_argument("--out", type=Path, required=True, help="plan JSON to write")
+    args = parser.parse_args(argv)
+    for page in args.pages:
+        if not page.is_file():
+            parser.error(f"page {page} is not a file; accepted: notebooks/<chapter>/<page>.ipynb")
+    plan: dict[str, dict] = {}
+    for page in args.pages:
+        missing, error = plan_page(page)
+        for entry in missing:
+            row = plan.setdefault(entry["key"], {**entry, "pages": []})
+            row["keep_state"] |= entry["keep_state"]
+            row["pages"].append(page.as_posix())
+        print(f"{page}: {len(missing)} runs missing" + (f" (stopped early: {error})" if error else ""), flush=True)
+    args.out.write_text(json.dumps(list(plan.values()), indent=1, default=list))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
