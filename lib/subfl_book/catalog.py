@@ -696,12 +696,14 @@ is compared at one learning rate at which none diverges."""
 
 def spectral_runs(keep: str = "r0.2", *, seeds: Sequence[int] = (0, 1), scale: str = "cpu",
                   methods: Sequence[str] = SPECTRAL_METHODS, low_lr_methods: Sequence[str] = SPECTRAL_LOW_LR_METHODS,
-                  data_root: str | Path | None = None) -> list[RunResult]:
+                  data_root: str | Path | None = None, same_environment: bool = False) -> list[RunResult]:
     """Every run of the spectral training table for one keep-ratio setting: ``methods`` at chapter 1's learning
-    rate and ``low_lr_methods`` at :data:`SPECTRAL_LOW_LR`, for every seed (run or read from the store)."""
+    rate and ``low_lr_methods`` at :data:`SPECTRAL_LOW_LR`, for every seed (run or read from the store;
+    ``same_environment``: only runs of this machine's environment class, for a page that reads their timings)."""
     configs = [spectral_config(m, keep, scale=scale) for m in methods]
     configs += [spectral_config(m, keep, scale=scale, lr=SPECTRAL_LOW_LR) for m in low_lr_methods]
-    return [r for cfg in configs for r in run_seeds(cfg, seeds, data_root=data_root)]
+    return [r for cfg in configs
+            for r in run_seeds(cfg, seeds, data_root=data_root, same_environment=same_environment)]
 
 
 SPECTRAL_FIG4_METHODS = ("topn", "prism", "unbiased+cliplr", "collective+cliplr")

@@ -121,7 +121,7 @@ def _current_key(run: dict[str, Any]) -> str | None:
         config = config_from_record(run["config"])
     except (TypeError, ValueError):
         return None
-    return key_to_read(config) or book_key(config)
+    return key_to_read(config, same_environment=run.get("same_environment", False)) or book_key(config)
 
 
 def _staleness(source: Path, meta: dict[str, Any], scale: str) -> str | None:

@@ -197,11 +197,12 @@ def load_record(config: ExperimentConfig, key: str, root: Path | None = None) ->
     return StoredRun(config, json.loads(gzip.decompress(path.read_bytes())), state_path(key, root))
 
 
-def _log_read(key: str, config: ExperimentConfig) -> None:
+def _log_read(key: str, config: ExperimentConfig, same_environment: bool = False) -> None:
     log = os.environ.get(RUNS_LOG_ENV)
     if log:
+        entry = {"key": key, "config": config.to_dict()} | ({"same_environment": True} if same_environment else {})
         with open(log, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"key": key, "config": config.to_dict()}, sort_keys=True, default=list) + "\n")
+            fh.write(json.dumps(entry, sort_keys=True, default=list) + "\n")
 
 
 LOCK_TIMEOUT_S = 12 * 3600.0
@@ -290,14 +291,14 @@ def same_experiment(config: ExperimentConfig, root: Path | None = None) -> list[
     return [key for key, env in sorted(rows, key=lambda row: (row[1].get("device") != "cpu", row[0]))]
 
 
-def key_to_read(config: ExperimentConfig, keep_state: bool = False) -> str | None:
+def key_to_read(config: ExperimentConfig, keep_state: bool = False, same_environment: bool = False) -> str | None:
     """The key of the record a page reads for ``config`` now: the run of this environment when the store has it,
-    else (unless ``$SUBFL_STORE_SAME_ENVIRONMENT``) the first of :func:`same_experiment`; ``None`` when neither is
-    recorded (with its weights, for ``keep_state``)."""
+    else (unless ``same_environment`` or ``$SUBFL_STORE_SAME_ENVIRONMENT``) the first of :func:`same_experiment`;
+    ``None`` when neither is recorded (with its weights, for ``keep_state``)."""
     key = book_key(config)
     root = root_for(config)
     candidates = [key]
-    if os.environ.get(SAME_ENVIRONMENT_ENV, "") in ("", "0"):
+    if not same_environment and os.environ.get(SAME_ENVIRONMENT_ENV, "") in ("", "0"):
         candidates += [k for k in same_experiment(config, root) if k != key]
     for candidate in candidates:
         if record_path(candidate, root).exists() and (not keep_state or state_path(candidate, root).exists()):
@@ -305,30 +306,33 @@ def key_to_read(config: ExperimentConfig, keep_state: bool = False) -> str | Non
     return None
 
 
-def _stored_enough(config: ExperimentConfig, key: str, keep_state: bool) -> StoredRun | None:
-    found = key_to_read(config, keep_state)
+def _stored_enough(config: ExperimentConfig, key: str, keep_state: bool, same_environment: bool = False
+                   ) -> StoredRun | None:
+    found = key_to_read(config, keep_state, same_environment)
     return None if found is None else load_record(config, found, root_for(config))
 
 
 def run_experiment(config: ExperimentConfig, *, data_root: str | Path | None = None, progress: bool | None = None,
-                   keep_state: bool = False) -> RunResult:
+                   keep_state: bool = False, same_environment: bool = False) -> RunResult:
     """The run of ``config`` from the store, computed (with one torch thread) and recorded when it is not there.
 
-    ``keep_state``: the page evaluates the run's final weights again, so the store keeps them too. A run another
+    ``keep_state``: the page evaluates the run's final weights again, so the store keeps them too.
+    ``same_environment``: read only a run of this machine's environment class (a page that reads timings, which
+    another device or torch would change), computing it when the store has none. A run another
     process is computing is waited for (at most ``$SUBFL_LOCK_TIMEOUT_S``, default 12 h) and then read.
     """
     key = book_key(config)
-    stored = _stored_enough(config, key, keep_state)
+    stored = _stored_enough(config, key, keep_state, same_environment)
     if stored is not None:
-        _log_read(stored.key, config)
+        _log_read(stored.key, config, same_environment)
         return stored
-    _log_read(key, config)
+    _log_read(key, config, same_environment)
     if os.environ.get(STORE_ONLY_ENV, "") not in ("", "0"):
         raise MissingRunError(f"run {key[:12]} ({config.label()}) is not in the store "
                               f"{'with its weights ' if keep_state else ''}and ${STORE_ONLY_ENV} forbids computing it")
     timeout_s = float(os.environ.get("SUBFL_LOCK_TIMEOUT_S", LOCK_TIMEOUT_S))
     with _run_lock(key, timeout_s):
-        stored = _stored_enough(config, key, keep_state)  # recorded while we waited
+        stored = _stored_enough(config, key, keep_state, same_environment)  # recorded while we waited
         if stored is not None:
             return stored
         work = work_root() / key[:24]

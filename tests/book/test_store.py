@@ -168,6 +168,7 @@ def test_a_run_of_another_environment_stands_in_for_the_same_experiment_only(tmp
     # another experiment (one field changed) never stands in, nor does any run with its weights asked for
     assert store.key_to_read(CONFIG.replace(lr=CONFIG.lr * 2)) is None
     assert store.key_to_read(CONFIG, keep_state=True) is None
+    assert store.key_to_read(CONFIG, same_environment=True) is None  # a page that reads timings asks for its own
     # asked to read only this environment's runs, the store has none
     monkeypatch.setenv(store.SAME_ENVIRONMENT_ENV, "1")
     monkeypatch.setenv(store.STORE_ONLY_ENV, "1")
