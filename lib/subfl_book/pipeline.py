@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -222,6 +223,7 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
             if card_log.exists() else []
     nb = nbformat.read(partial, as_version=4)
     fold_code(nb)
+    drop_object_reprs(nb)
     nb.metadata["subfl"] = {
         "scale": scale,
         "parameters": parameters,
@@ -298,6 +300,24 @@ def add_run_card(nb: Any) -> Any:
 
 
 _HIDDEN = {"hide-input", "remove-input", "remove-cell", "hide-cell", "remove-output"}
+
+_OBJECT_REPR = re.compile(r"^<[\w.]+(?: object)? at 0x[0-9a-f]+>$")
+
+
+def drop_object_reprs(nb: Any) -> Any:
+    """Remove the outputs that only name an object (``<matplotlib.legend.Legend at 0x…>``: a cell whose last line
+    returns a plotting object) from an executed copy; every other output stays."""
+    for cell in nb.cells:
+        if cell.get("cell_type") != "code":
+            continue
+        kept = []
+        for out in cell.get("outputs", []):
+            data = out.get("data", {}) if out.get("output_type") == "execute_result" else {}
+            text = "".join(data.get("text/plain", "")) if set(data) == {"text/plain"} else None
+            if text is None or not _OBJECT_REPR.match(text.strip()):
+                kept.append(out)
+        cell["outputs"] = kept
+    return nb
 
 
 def fold_code(nb: Any) -> Any:

@@ -195,3 +195,17 @@ def test_run_card_follows_the_title_and_states_scale_runs_machine_and_date():
     text = cards[0].source
     assert "**Scale** `cpu`" in text and "none (this page computes what it shows)" in text
     assert "x86_64, 2 CPUs, torch 2.14, in 12 s, 2026-11-27 12:00 UTC, subfl 0.2.0" in text
+
+
+def test_outputs_that_only_name_an_object_are_dropped():
+    import nbformat
+    from subfl_book.pipeline import drop_object_reprs
+    legend = nbformat.v4.new_output("execute_result", data={"text/plain": "<matplotlib.legend.Legend at 0x7fbd4644b9d0>"})
+    styled = nbformat.v4.new_output("execute_result", data={"text/plain": "<pandas.io.formats.style.Styler at 0x7f>",
+                                                            "text/html": "<table></table>"})
+    number = nbformat.v4.new_output("execute_result", data={"text/plain": "0.634"})
+    printed = nbformat.v4.new_output("stream", text="<object at 0x1>\n")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("ax.legend()")])
+    nb.cells[0].outputs = [legend, styled, number, printed]
+    drop_object_reprs(nb)
+    assert nb.cells[0].outputs == [styled, number, printed]
