@@ -306,8 +306,7 @@ def key_to_read(config: ExperimentConfig, keep_state: bool = False, same_environ
     return None
 
 
-def _stored_enough(config: ExperimentConfig, key: str, keep_state: bool, same_environment: bool = False
-                   ) -> StoredRun | None:
+def _stored_enough(config: ExperimentConfig, keep_state: bool, same_environment: bool = False) -> StoredRun | None:
     found = key_to_read(config, keep_state, same_environment)
     return None if found is None else load_record(config, found, root_for(config))
 
@@ -322,7 +321,7 @@ def run_experiment(config: ExperimentConfig, *, data_root: str | Path | None = N
     process is computing is waited for (at most ``$SUBFL_LOCK_TIMEOUT_S``, default 12 h) and then read.
     """
     key = book_key(config)
-    stored = _stored_enough(config, key, keep_state, same_environment)
+    stored = _stored_enough(config, keep_state, same_environment)
     if stored is not None:
         _log_read(stored.key, config, same_environment)
         return stored
@@ -332,7 +331,7 @@ def run_experiment(config: ExperimentConfig, *, data_root: str | Path | None = N
                               f"{'with its weights ' if keep_state else ''}and ${STORE_ONLY_ENV} forbids computing it")
     timeout_s = float(os.environ.get("SUBFL_LOCK_TIMEOUT_S", LOCK_TIMEOUT_S))
     with _run_lock(key, timeout_s):
-        stored = _stored_enough(config, key, keep_state, same_environment)  # recorded while we waited
+        stored = _stored_enough(config, keep_state, same_environment)  # recorded while we waited
         if stored is not None:
             return stored
         work = work_root() / key[:24]
