@@ -348,3 +348,25 @@ def test_local_test_split_holds_out_the_fraction_and_keeps_one_training_sample()
         assert sorted(np.concatenate([tr, te]).tolist()) == whole.tolist()
     with pytest.raises(ValueError, match="fraction"):
         local_test_split(parts, 1.0, np.random.default_rng(0))
+
+
+def test_dirichlet_allocation_is_the_per_class_cut_of_its_first_accepted_draw() -> None:
+    """Each draw cuts every class's shuffled samples at the cumulative Dirichlet proportions; the first draw whose
+    smallest client holds min_size samples is returned (the sizes are checked before any index set is built)."""
+    labels = np.random.default_rng(3).integers(0, 10, 3000)
+    rng = np.random.default_rng(7)
+    parts = dirichlet_allocation(labels, 40, 0.3, np.random.default_rng(7), min_size=20)
+    tries = 0
+    while True:  # the reference: build every draw in full, then judge it
+        tries += 1
+        pieces: list[list[np.ndarray]] = [[] for _ in range(40)]
+        for c in np.unique(labels):
+            pool = rng.permutation(np.flatnonzero(labels == c))
+            cuts = (np.cumsum(rng.dirichlet(np.full(40, 0.3))) * len(pool)).astype(np.int64)[:-1]
+            for client, piece in enumerate(np.split(pool, cuts)):
+                pieces[client].append(piece)
+        reference = [np.sort(np.concatenate(p)) for p in pieces]
+        if min(len(r) for r in reference) >= 20:
+            break
+    assert tries > 1  # this request rejects some draws before it accepts one
+    assert len(parts) == 40 and all(np.array_equal(a, b) for a, b in zip(parts, reference))

@@ -194,18 +194,23 @@ def dirichlet_allocation(labels: Any, num_clients: int, alpha: float, rng: np.ra
     rng = _check_rng(rng)
     min_size = _check_count("min_size", min_size, 0, len(labels) // num_clients)
     max_tries = _check_count("max_tries", max_tries, 1)
-    classes = np.unique(labels)
+    class_members = [np.flatnonzero(labels == c) for c in np.unique(labels)]
     for _ in range(max_tries):
-        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-        for c in classes:
-            pool = rng.permutation(np.flatnonzero(labels == c))
+        # A draw is judged on its client sizes alone (a few vectors per class); its index sets are built only
+        # when it is accepted, so rejecting a hopeless request costs milliseconds per draw, not seconds.
+        pools, all_cuts = [], []
+        sizes = np.zeros(num_clients, dtype=np.int64)
+        for members in class_members:
+            pool = rng.permutation(members)
             proportions = rng.dirichlet(np.full(num_clients, alpha))
             cuts = (np.cumsum(proportions) * len(pool)).astype(np.int64)[:-1]
-            for client, piece in enumerate(np.split(pool, cuts)):
-                parts[client].append(piece)
-        merged = [np.concatenate(pieces) for pieces in parts]
-        if min(len(part) for part in merged) >= min_size:
-            return _sorted_parts(merged)
+            sizes += np.diff(cuts, prepend=0, append=len(pool))
+            pools.append(pool)
+            all_cuts.append(cuts)
+        if sizes.min() >= min_size:
+            pieces = [np.split(pool, cuts) for pool, cuts in zip(pools, all_cuts)]
+            return _sorted_parts([np.concatenate([per_class[client] for per_class in pieces])
+                                  for client in range(num_clients)])
     raise ValueError(f"dirichlet_allocation found no split with every client holding min_size={min_size} "
                      f"samples in max_tries={max_tries} draws (alpha={alpha}, num_clients={num_clients}, "
                      f"{len(labels)} samples); accepted: a smaller min_size, a larger alpha or fewer clients")
