@@ -342,3 +342,12 @@ def test_a_corrupted_checkpoint_is_named(cli, tmp_path):
     (out / "checkpoint.pt").write_bytes(b"not a checkpoint")
     argv = _base() + _sets("rounds=2", "max_train_samples=100", "max_test_samples=50") + ["--out", str(out)]
     _check_refused(*cli(argv), str(out / "checkpoint.pt"))
+
+
+def test_an_exploding_but_finite_loss_is_reported_as_diverged(cli, tmp_path):
+    """lr=20 on digits: round 1's mean loss is ~3e4, finite; the run is reported as diverged there (exit 0)."""
+    argv = _base() + _sets("lr=20", "rounds=3", "max_train_samples=300", "max_test_samples=100") + [
+        "--out", str(tmp_path / "boom")]
+    code, out, err = cli(argv)
+    assert code == 0, err
+    assert "diverged in round 1" in out and "exploded past 100 × the loss of a uniform guess" in out

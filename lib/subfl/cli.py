@@ -122,15 +122,28 @@ def _configure(args: argparse.Namespace):
     return config
 
 
+def _divergence(result) -> str:
+    """Why the engine stopped a run (:func:`subfl.fl.engine.run_simulation`): a loss that was not finite, or a
+    round's mean training loss above the explosion threshold (then the history holds that round's loss)."""
+    history = result.history
+    last = history[history["round"] == result.summary["diverged_at_round"]]
+    loss = last.loc[last["metric"] == "train_loss", "value"]
+    if loss.empty:
+        return "a client's training loss was not finite"
+    from .fl.engine import EXPLOSION_FACTOR
+
+    return (f"the round's mean training loss, {loss.iloc[-1]:.4g}, exploded past {EXPLOSION_FACTOR:g} × the loss of "
+            f"a uniform guess over the classes")
+
+
 def _report(config, result) -> str:
     """The line ``subfl run`` prints for a finished (or diverged) run."""
     s = result.summary
     where = f"→ {result.directory}" + (" (read back: a finished identical run)" if result.from_cache else "")
     traffic = (f"upload {s.get('upload_bytes', 0) / 1e6:.2f} MB, download {s.get('download_bytes', 0) / 1e6:.2f} MB")
     if s.get("diverged_at_round") is not None:
-        return (f"{config.label()}: diverged in round {s['diverged_at_round']} (a client's training loss was not "
-                f"finite): no final accuracy; the history up to that round is kept; {s.get('wall_time_s', 0):.1f} s, "
-                f"{traffic} {where}")
+        return (f"{config.label()}: diverged in round {s['diverged_at_round']} ({_divergence(result)}): no final "
+                f"accuracy; the history up to that round is kept; {s.get('wall_time_s', 0):.1f} s, {traffic} {where}")
     accuracy = s.get("final_accuracy")
     measured = f"final accuracy {accuracy:.4f}" if isinstance(accuracy, (int, float)) else "no accuracy recorded"
     return (f"{config.label()}: {measured} after {s.get('rounds')} rounds, {s.get('wall_time_s', 0):.1f} s, "

@@ -127,6 +127,34 @@ def test_a_diverging_run_stops_and_says_so(tmp_path):
     assert again.summary["diverged_at_round"] == 1
 
 
+def test_a_finite_but_exploding_loss_is_a_divergence(tmp_path):
+    """lr=20 takes the first round's mean cross-entropy to ~3e4 without any NaN: the engine stops the run there, as
+    it does for a non-finite loss, because it exceeds 100 × ln 10 = 230 (``explosion_threshold``)."""
+    from subfl.fl.engine import explosion_threshold
+
+    assert explosion_threshold(10) == pytest.approx(100 * 2.302585, rel=1e-6) and explosion_threshold(2) == 100.0
+    res = run_experiment(_cfg(partition="iid", alpha=None, lr=20.0, rounds=3), tmp_path / "boom", cache=False)
+    losses = res.history[res.history.metric == "train_loss"]
+    assert res.summary["diverged_at_round"] == 1 and losses["round"].tolist() == [1]
+    assert 230.3 < losses["value"].item() < float("inf")
+    learning = run_experiment(_cfg(partition="iid", alpha=None, rounds=3), tmp_path / "ok", cache=False)
+    assert not learning.diverged and learning.history[learning.history.metric == "train_loss"].value.max() < 3
+
+
+def test_uploads_report_the_sample_counts_aggregation_weights_them_by(tmp_path):
+    from subfl.experiments.runner import client_splits
+
+    cfg = _cfg()
+    res = run_experiment(cfg, tmp_path / "r", cache=False)
+    _, _, parts = prepare_data(cfg)
+    parts, _ = client_splits(cfg, parts)
+    up = res.ledger[res.ledger.direction == "up"]
+    reported = up.groupby(["round", "client"]).n_samples.agg(["min", "max"])
+    assert (reported["min"] == reported["max"]).all()  # one count per upload, on each of its rows
+    assert {c: n for (_, c), n in reported["min"].items()} == {c: len(parts[c]) for c in up.client.unique()}
+    assert (res.ledger[res.ledger.direction == "down"].n_samples == 0).all()
+
+
 def test_a_diverged_round_has_no_aggregate_timing(tmp_path):
     res = run_experiment(_cfg(lr=1e6, rounds=4), tmp_path / "div", cache=False)
     assert set(res.timings.stage) == {"configure", "local_train"}

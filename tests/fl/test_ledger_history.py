@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from subfl.fl import History, Ledger, tensor_bytes
@@ -11,9 +12,27 @@ def test_ledger_counts_every_byte():
     assert tensor_bytes(torch.zeros(4, 5)) == 80
     assert total == 80 + 40 + 8 + len('{"lr": 0.1}')
     df = ledger.to_frame()
-    assert list(df.columns) == ["round", "client", "direction", "name", "shape", "dtype", "bytes"]
+    assert list(df.columns) == ["round", "client", "direction", "name", "shape", "dtype", "bytes", "n_samples"]
+    assert (df.n_samples == 0).all()  # downloads report no sample count
     assert df.loc[df.name == "w", "shape"].item() == "4x5"
     assert ledger.total_bytes("down") == total and ledger.total_bytes("up") == 0
+
+
+def test_ledger_records_the_sample_count_of_an_upload():
+    ledger = Ledger()
+    ledger.record(2, 7, "up", {"w": torch.zeros(3)}, {"loss": 0.5}, n_samples=640)
+    df = ledger.to_frame()
+    assert df.n_samples.tolist() == [640, 640] and df.bytes.tolist() == [12, len('{"loss": 0.5}')]
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="n_samples"):
+            ledger.record(2, 7, "up", {"w": torch.zeros(3)}, n_samples=bad)
+    with pytest.raises(ValueError, match="uploads only"):
+        ledger.record(2, 7, "down", {"w": torch.zeros(3)}, n_samples=5)
+
+
+def test_ledger_rows_of_an_older_checkpoint_have_an_unknown_sample_count():
+    ledger = Ledger(rows=[(1, 0, "up", "w", "3", "float32", 12)])
+    assert ledger.to_frame().n_samples.tolist() == [-1]
 
 
 def test_history_roundtrip_is_exact(tmp_path):
