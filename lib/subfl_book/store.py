@@ -31,7 +31,6 @@ import json
 import os
 import platform
 import shutil
-import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ import torch
 
 from subfl.experiments import ExperimentConfig, RunResult
 from subfl.experiments import run_experiment as compute_run
+from subfl.experiments.locking import exclusive
 from subfl.experiments.provenance import run_key
 
 BOOK_THREADS = 1
@@ -205,34 +205,11 @@ def _log_read(key: str, config: ExperimentConfig, same_environment: bool = False
             fh.write(json.dumps(entry, sort_keys=True, default=list) + "\n")
 
 
-LOCK_TIMEOUT_S = 12 * 3600.0
-"""How long :func:`run_experiment` waits for another process computing the same run (``$SUBFL_LOCK_TIMEOUT_S``)."""
-
-
-@contextlib.contextmanager
-def _run_lock(key: str, timeout_s: float) -> Iterator[None]:
-    """Exclusive right to compute run ``key`` on this machine (an ``flock`` on ``work_root()/<key>.lock``): two pages
-    executed at once that read the same run compute it once. ``TimeoutError`` after ``timeout_s`` seconds."""
-    import fcntl
-
-    path = work_root() / f"{key[:24]}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + timeout_s
-    with open(path, "w") as handle:
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(f"run {key[:12]} has been computed by another process for more than "
-                                       f"{timeout_s:g} s (lock {path}); raise $SUBFL_LOCK_TIMEOUT_S or remove the "
-                                       f"lock if that process is gone") from None
-                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def _run_lock(key: str) -> contextlib.AbstractContextManager:
+    """Exclusive right to compute run ``key`` on this machine (a lock file ``work_root()/<key>.lock``, held through
+    :func:`subfl.experiments.locking.exclusive`): two pages executed at once that read the same run compute it once;
+    the second waits at most ``$SUBFL_LOCK_TIMEOUT_S`` (default 12 h)."""
+    return exclusive(work_root() / f"{key[:24]}.lock", f"run {key[:12]}")
 
 
 STORE_ONLY_ENV = "SUBFL_STORE_ONLY"
@@ -329,8 +306,7 @@ def run_experiment(config: ExperimentConfig, *, data_root: str | Path | None = N
     if os.environ.get(STORE_ONLY_ENV, "") not in ("", "0"):
         raise MissingRunError(f"run {key[:12]} ({config.label()}) is not in the store "
                               f"{'with its weights ' if keep_state else ''}and ${STORE_ONLY_ENV} forbids computing it")
-    timeout_s = float(os.environ.get("SUBFL_LOCK_TIMEOUT_S", LOCK_TIMEOUT_S))
-    with _run_lock(key, timeout_s):
+    with _run_lock(key):
         stored = _stored_enough(config, keep_state, same_environment)  # recorded while we waited
         if stored is not None:
             return stored

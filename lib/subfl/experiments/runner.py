@@ -7,6 +7,7 @@ on this machine is read back instead of recomputed.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -32,6 +33,7 @@ from ..methods import make_method
 from ..fl.method import ServerContext
 from ..models import build_model, model_spec
 from .config import ExperimentConfig
+from .locking import exclusive, lock_file_for
 from .provenance import canonical_config, environment_class, run_key, run_versions
 
 OUTPUT_FILES = ("history.csv", "summary.json", "ledger.csv", "timings.csv", "state.pt")
@@ -294,14 +296,28 @@ def run_experiment(config: ExperimentConfig, out_dir: str | Path | None = None, 
     key = run_key(config)
     cached_dir = run_cache_dir() / key[:24]
     target = check_out_dir(out_dir) if out_dir is not None else cached_dir
-    if target != cached_dir and _finished_here(config, target, key):
-        return RunResult(config, target, from_cache=True)
-    if cache and (cached_dir / "summary.json").exists():
-        if target != cached_dir:
-            target.mkdir(parents=True, exist_ok=True)
-            for name in OUTPUT_FILES:
-                shutil.copyfile(cached_dir / name, target / name)
-        return RunResult(config, target, from_cache=True)
+    guarded = sorted({target, *([cached_dir] if cache else [])}, key=lambda p: str(p.absolute()))
+    with contextlib.ExitStack() as locks:  # the second of two identical runs waits here, then reads the first's
+        for folder in guarded:
+            locks.enter_context(exclusive(lock_file_for(folder, run_cache_dir() / LOCKS), f"run folder {folder}"))
+        if target != cached_dir and _finished_here(config, target, key):
+            if cache and not _complete_entry(cached_dir):  # finished, then killed before the cache got its copy
+                _publish(target, cached_dir)
+            return RunResult(config, target, from_cache=True)
+        if cache and _complete_entry(cached_dir):
+            if target != cached_dir:
+                _copy_files(cached_dir, target)
+            return RunResult(config, target, from_cache=True)
+        _compute(config, target, key, data_root, progress, stop_after_round, verify)
+        if cache and target != cached_dir and (target / "summary.json").exists():
+            _publish(target, cached_dir)
+    return RunResult(config, target)
+
+
+def _compute(config: ExperimentConfig, target: Path, key: str, data_root, progress, stop_after_round,
+             verify: bool) -> None:
+    """Run ``config`` in ``target`` (resuming from its checkpoint) and write its result files there; the summary is
+    written last, under a temporary name then renamed, so a folder with a summary holds all its files complete."""
     target.mkdir(parents=True, exist_ok=True)
     dataset, test, parts = prepare_data(config, data_root, verify=verify)
     parts, local_tests = client_splits(config, parts)
@@ -313,18 +329,51 @@ def run_experiment(config: ExperimentConfig, out_dir: str | Path | None = None, 
                             out_dir=target, fingerprint=key, progress=progress, stop_after_round=stop_after_round,
                             description=config.label(), client_test_indices=local_tests)
     if result.rounds_completed < config.rounds and result.diverged_at is None:
-        return RunResult(config, target)
+        return  # stopped early on request: the checkpoint holds it
+    (target / "summary.json").unlink(missing_ok=True)  # a summary of other versions there is replaced last
     result.history.write_csv(target / "history.csv")
     result.ledger.to_frame().to_csv(target / "ledger.csv", index=False)
     write_timings(result.timings, target / "timings.csv")
     torch.save(result.state, target / "state.pt")
     _write_json_atomic(_summary(config, result, dataset, parts, key), target / "summary.json")
     (target / CHECKPOINT_NAME).unlink(missing_ok=True)
-    if cache and target != cached_dir:
-        cached_dir.mkdir(parents=True, exist_ok=True)
-        for name in OUTPUT_FILES:
-            shutil.copyfile(target / name, cached_dir / name)
-    return RunResult(config, target)
+
+
+LOCKS = "locks"
+"""Folder of the run cache holding the lock files of run folders (:mod:`subfl.experiments.locking`)."""
+
+
+def _complete_entry(folder: Path) -> bool:
+    """Whether ``folder`` holds a finished run: its summary (written last) and every result file. A folder with a
+    summary but missing files (an entry an earlier version left half-copied when killed) is deleted, so that the
+    run is computed again."""
+    if not (folder / "summary.json").exists():
+        return False
+    if all((folder / name).exists() for name in OUTPUT_FILES):
+        return True
+    shutil.rmtree(folder, ignore_errors=True)
+    return False
+
+
+def _copy_files(source: Path, target: Path) -> None:
+    """Copy a finished run's files into ``target``, each under a temporary name then renamed, the summary last: a
+    copy killed half-way leaves no summary, so the next call copies again."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in sorted(OUTPUT_FILES, key=lambda n: n == "summary.json"):
+        tmp = target / f".{name}.tmp"
+        shutil.copyfile(source / name, tmp)
+        os.replace(tmp, target / name)
+
+
+def _publish(target: Path, cached_dir: Path) -> None:
+    """Put a copy of the finished run in ``target`` into the cache as ``cached_dir``: copied into a temporary folder
+    that is then renamed, so the cache entry is complete or absent (the caller holds ``cached_dir``'s lock)."""
+    tmp = cached_dir.with_name(f".{cached_dir.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    _copy_files(target, tmp)
+    if cached_dir.exists():  # an unfinished run of this key without out_dir, interrupted: replaced by this result
+        shutil.rmtree(cached_dir)
+    os.rename(tmp, cached_dir)
 
 
 def run_seeds(config: ExperimentConfig, seeds: Iterable[int], **kwargs: Any) -> list[RunResult]:
