@@ -204,3 +204,36 @@ def table_row(table: pd.DataFrame, kind: str, layers: int, config: str) -> pd.Se
     """The cost row of one model family, depth and finetuning configuration (``"t = 1"``, ``"LoRA r = 24"``) in the
     memory page's table (CAFF Fig. 5, App. A)."""
     return table[(table.model == kind) & (table.layers == layers) & (table.config == config)].iloc[0]
+
+
+# --- inference cost against GPT-2 124M (Sec. 1) ----------------------------------------------------------------------
+
+GPT2_124M = dict(vocab_size=50257, num_layers=12, embed_dim=768, num_heads=12, context_length=1024, tie_weights=True)
+"""GPT-2 "small" (Radford et al. 2019): 12 blocks of width 768 with 12 heads, a 50,257-token vocabulary, 1,024
+positions and the output layer tied to the token embedding — 124,439,808 parameters."""
+
+CAFF_LM = dict(vocab_size=8192, embed_dim=96, num_heads=3, context_length=256)
+"""The paper's tiny language models (Sec. 4.1): width 96, 3 heads, SentencePiece vocabulary 8,192, context 256."""
+
+
+def inference_flops_against_gpt2(depths: Sequence[int] = (3, 6, 9, 12), tokens: int = 256) -> pd.DataFrame:
+    """Forward FLOPs of one ``tokens``-long sequence (matrix products, :func:`subfl.costs.forward_flops`) of the
+    paper's tiny LMs and of GPT-2 124M, built on PyTorch's meta device (shapes only: no weights are needed or
+    allocated). One row per model: ``model``, ``parameters``, ``GFLOPs`` and ``GPT-2 / model`` (how many times
+    fewer FLOPs than GPT-2)."""
+    import torch
+
+    from subfl.costs import forward_flops
+    from subfl.models.transformers import TinyGPT
+
+    rows = []
+    with torch.device("meta"):
+        batch = torch.zeros(1, tokens, dtype=torch.long)
+        for name, spec in [("GPT-2 124M", GPT2_124M), *((f"tiny LM, l = {l}", {**CAFF_LM, "num_layers": l})
+                                                       for l in depths)]:
+            model = TinyGPT(**spec)
+            rows.append({"model": name, "parameters": sum(p.numel() for p in model.parameters()),
+                         "GFLOPs": forward_flops(model, batch) / 1e9})
+    table = pd.DataFrame(rows)
+    table["GPT-2 / model"] = table["GFLOPs"].iloc[0] / table["GFLOPs"]
+    return table
