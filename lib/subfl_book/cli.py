@@ -18,6 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="build the site from the executed copies as they are (stale ones included)")
     parser.add_argument("--scorecard", action="store_true",
                         help="regenerate the Scorecard page and the status counts of the intro and README, then stop")
+    parser.add_argument("--sync-prose", action="store_true",
+                        help="copy the sources' markdown into the executed copies that run the same code, then stop")
     parser.add_argument("--jobs", type=int, default=1, help="notebooks executed at a time (default 1)")
     return parser
 
@@ -33,11 +35,16 @@ def main(argv: list[str] | None = None) -> int:
             changed = scorecard_page.write(pipeline.project_root())
             print("\n".join(f"rewrote {p}" for p in changed) or "scorecard up to date")
             return 0
+        if args.sync_prose:
+            synced = pipeline.sync_all_prose(only=args.only)
+            print("\n".join(f"synced {p}" for p in synced) or "every executed copy shows its source's prose")
+            return 0
         if args.build_only and (args.no_build or args.force):
             raise ValueError("--build-only cannot be combined with --no-build or --force")
         if not args.build_only:
             pipeline.execute(scale=args.scale, only=args.only, force=args.force, jobs=args.jobs)
         if not args.no_build:
+            pipeline.sync_all_prose(only=args.only)
             scorecard_page.write(pipeline.project_root())
             pipeline.build_site()
     except (ValueError, FileNotFoundError) as err:

@@ -110,6 +110,49 @@ def page_fingerprint(source: Path, parameters: dict[str, Any]) -> str:
     return _digest(_notebook_blob(source, parameters))
 
 
+def _page_cells(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An executed copy's cells without what the pipeline added (papermill's injected parameters, the run card):
+    the source notebook's cells, in its order."""
+    added = {RUN_CARD_TAG, "injected-parameters"}
+    return [c for c in cells if not added & set(c.get("metadata", {}).get("tags", []))]
+
+
+def _code_of(cells: list[dict[str, Any]]) -> list[str]:
+    return ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+
+
+def prose_differs(source: Path, executed: dict[str, Any]) -> bool:
+    """Whether the executed copy (its notebook JSON) shows other text than ``source`` in its markdown cells while
+    running the same code: :func:`sync_prose` brings the text over without executing anything."""
+    ours = [(c["cell_type"], "".join(c["source"])) for c in _page_cells(executed.get("cells", []))]
+    return ours != _notebook_cells(source)
+
+
+def sync_prose(source: Path, root: Path | None = None) -> bool:
+    """Copy the markdown of ``source`` into its executed copy, whose code cells must be the source's, one for one
+    (``ValueError`` otherwise: that page needs executing). Prose does not change what a page computes, so a fix to
+    a page's text, math or citations reaches the book without re-running anything. Returns whether it changed."""
+    import nbformat
+
+    root = project_root() if root is None else root
+    dst = executed_path(source, root)
+    nb = nbformat.read(dst, as_version=4)
+    body, theirs = _page_cells(nb.cells), nbformat.read(source, as_version=4).cells
+    if [c.cell_type for c in body] != [c.cell_type for c in theirs] or _code_of(body) != _code_of(theirs):
+        raise ValueError(f"{dst} runs other code than {source} (cells added, removed or edited): execute it")
+    changed = False
+    for executed_cell, source_cell in zip(body, theirs):
+        if executed_cell.cell_type != "code" and executed_cell.source != source_cell.source:
+            executed_cell.source, changed = source_cell.source, True
+    if changed:
+        meta = nb.metadata["subfl"]
+        meta["notebook_fingerprint"] = page_fingerprint(source, meta["parameters"])
+        tmp = dst.with_name(f".{dst.stem}.prose.ipynb")
+        nbformat.write(nb, tmp)
+        os.replace(tmp, dst)
+    return changed
+
+
 def config_from_record(config: dict[str, Any]) -> ExperimentConfig:
     """The :class:`ExperimentConfig` of a run a page recorded (``TypeError`` for a field no longer known)."""
     return ExperimentConfig.from_dict(config)
@@ -125,12 +168,17 @@ def _current_key(run: dict[str, Any]) -> str | None:
     return key_to_read(config, same_environment=run.get("same_environment", False)) or book_key(config)
 
 
-def _staleness(source: Path, meta: dict[str, Any], scale: str) -> str | None:
-    """Why the executed copy with metadata ``meta`` is stale at ``scale``, or None when it is fresh."""
+def _staleness(source: Path, executed: dict[str, Any], scale: str) -> str | None:
+    """Why the executed copy (its notebook JSON) is stale at ``scale``, or None when it is fresh. Only what the page
+    computes counts: its code cells, its parameters and its runs; other prose is brought over by
+    :func:`sync_prose`."""
+    meta = executed.get("metadata", {}).get("subfl", {})
     if meta.get("scale") != scale:
         return f"scale {meta.get('scale')} != {scale}"
     parameters = {**default_parameters(source), "scale": scale}
-    if meta.get("notebook_fingerprint") != page_fingerprint(source, parameters):
+    same_code = _code_of(_page_cells(executed.get("cells", []))) == \
+        [text for kind, text in _notebook_cells(source) if kind == "code"]
+    if not same_code or meta.get("parameters") != parameters:
         return "notebook or its parameters changed"
     runs = meta.get("runs")
     if runs is None:
@@ -177,12 +225,15 @@ def status(scale: str = "cpu", only: str | None = None, root: Path | None = None
         if not dst.exists():
             out.append(NotebookState(rel, "missing", f"no {dst.relative_to(root).as_posix()}"))
             continue
-        meta = json.loads(dst.read_text()).get("metadata", {}).get("subfl", {})
-        reason = _staleness(src, meta, scale)
+        executed = json.loads(dst.read_text())
+        meta = executed.get("metadata", {}).get("subfl", {})
+        reason = _staleness(src, executed, scale)
         if reason is not None:
             out.append(NotebookState(rel, "stale", reason))
         else:
-            out.append(NotebookState(rel, "fresh", f"executed {meta.get('executed_at', '?')}"))
+            prose = "; its prose differs from the source (synced by `subfl-book`)" if prose_differs(src, executed) \
+                else ""
+            out.append(NotebookState(rel, "fresh", f"executed {meta.get('executed_at', '?')}{prose}"))
     return out
 
 
@@ -337,6 +388,22 @@ def fold_code(nb: Any) -> Any:
         else:
             tags.append("hide-input")
     return nb
+
+
+def sync_all_prose(only: str | None = None, root: Path | None = None) -> list[Path]:
+    """:func:`sync_prose` for every executed copy that runs its source's code (the others wait for their
+    execution); returns the copies whose text changed."""
+    root = project_root() if root is None else root
+    changed = []
+    for src in _sources(root, only):
+        if not executed_path(src, root).exists():
+            continue
+        try:
+            if sync_prose(src, root):
+                changed.append(executed_path(src, root))
+        except ValueError:
+            continue  # its code changed: executing it brings the prose too
+    return changed
 
 
 def execute(scale: str = "cpu", only: str | None = None, force: bool = False, jobs: int = 1,

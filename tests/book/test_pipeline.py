@@ -209,3 +209,40 @@ def test_outputs_that_only_name_an_object_are_dropped():
     nb.cells[0].outputs = [legend, styled, number, printed]
     drop_object_reprs(nb)
     assert nb.cells[0].outputs == [styled, number, printed]
+
+
+def test_a_prose_edit_keeps_the_page_fresh_and_is_synced_without_executing(executed_root):
+    import nbformat
+    source = executed_root / "notebooks" / "ch" / "b.ipynb"
+    nb = nbformat.read(source, as_version=4)
+    nb.cells[0].source = "# b, with $\\sigma^\\kappa$ now written as math"
+    nbformat.write(nb, source)
+    row = {r.notebook: r for r in book.status("ci", root=executed_root)}["notebooks/ch/b.ipynb"]
+    assert row.state == "fresh" and "prose differs" in row.reason
+    copy = executed_root / "book" / "ch" / "b.ipynb"
+    outputs_before = [c.get("outputs") for c in nbformat.read(copy, as_version=4).cells if c.cell_type == "code"]
+    executed_before = _meta(executed_root, "b.ipynb")["executed_at"]
+    assert book.sync_all_prose(root=executed_root) == [copy]
+    synced = nbformat.read(copy, as_version=4)
+    assert synced.cells[0].source == "# b, with $\\sigma^\\kappa$ now written as math"
+    assert any("run-card" in c.metadata.get("tags", []) for c in synced.cells)  # the run card stays
+    assert [c.get("outputs") for c in synced.cells if c.cell_type == "code"] == outputs_before
+    assert _meta(executed_root, "b.ipynb")["executed_at"] == executed_before  # nothing was executed
+    row = {r.notebook: r for r in book.status("ci", root=executed_root)}["notebooks/ch/b.ipynb"]
+    assert row.state == "fresh" and "prose" not in row.reason
+    assert book.sync_all_prose(root=executed_root) == []
+
+
+def test_prose_is_not_synced_into_a_copy_that_runs_other_code(executed_root):
+    source = _notebook(executed_root / "notebooks" / "ch" / "b.ipynb", "x = 3")
+    with pytest.raises(ValueError, match="execute it"):
+        book.sync_prose(source, executed_root)
+    assert book.sync_all_prose(root=executed_root) == []  # skipped: its execution brings the prose
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.relative_to(ROOT / "notebooks").as_posix())
+def test_every_executed_copy_that_runs_its_sources_code_shows_its_sources_prose(source):
+    executed = json.loads(book.executed_path(source, ROOT).read_text())
+    if book._staleness(source, executed, "cpu") == "notebook or its parameters changed":
+        pytest.skip("its code changed since it was executed: executing it brings the prose")
+    assert not book.prose_differs(source, executed), "run `subfl-book --sync-prose`"
