@@ -58,6 +58,7 @@ NOT_RUN_REASONS = {
     "dataset-offline": "dataset not available offline",
     "compute": "needs compute beyond the cpu scale",
     "not-implemented": "not implemented",
+    "runs-pending": "implemented, its runs not computed yet",
     "not-testable": "not testable",
 }
 """The fixed reasons a claim is not run, and how the book words them."""

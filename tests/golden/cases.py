@@ -61,6 +61,7 @@ CASES: dict[str, dict[str, Any]] = {
                                          method_options={"factor_decay": "frobenius"}),
     "prism/weight_decay": dict(_IMAGE, method="prism", weight_decay=1e-3),
     "prism/svd_solver=gram": dict(_IMAGE, method="prism", method_options={"svd_solver": "gram"}),
+    "prism/weighting=softmax": dict(_SPECTRAL, method="prism", method_options={"weighting": "softmax"}),
     "prism+memory/output_rows=random": dict(_IMAGE, method="prism+memory", method_options={"output_rows": "random"}),
     "update-probe/prism": dict(_IMAGE, method="update-probe", method_options={"method": "prism"}),
     **{name: dict(_FEDP3, method=name) for name in ("fedp3", "lowerb", "opu2", "opu3", "opu123", "opu23")},

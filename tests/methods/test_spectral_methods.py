@@ -15,13 +15,14 @@ from subfl.fl.training import ClientDataset, LocalTraining, train_epochs
 from subfl.fl.types import ClientProfile, Update
 from subfl.methods import METHODS, make_method
 from subfl.fl.method import ClientContext, ServerContext
-from subfl.methods.spectral import (STRATEGIES, clip_gradients, frobenius_decay_penalty, product_frobenius_sq,
-                                  term_design)
+from subfl.methods.spectral import (STRATEGIES, WEIGHTINGS, clip_gradients, frobenius_decay_penalty,
+                                    product_frobenius_sq, term_design)
 from subfl.models import build_model
 from subfl.models.factorized import (FactorizedConv2d, FactorizedLinear, build_submodel, decomposable_layers,
                                      decompose, dense_weight, factorize, factorized_modules, layer_specs, read_factors,
                                      set_omega)
-from subfl.sampling import collective_inclusion, keep_count, unbiased_inclusion, wallenius_inclusion
+from subfl.sampling import (collective_inclusion, keep_count, prism_probabilities, sample_numpy_choice,
+                            softmax_probabilities, unbiased_inclusion, wallenius_inclusion)
 from .helpers import Factory
 
 
@@ -158,6 +159,92 @@ def test_collective_wallenius_and_scaled_multipliers():
     sub = build_submodel(model, {"layers.3": f}, {"layers.3": idx}, {"layers.3": omega})
     w_sub = factorized_modules(sub)["layers.3"].dense_weight()
     assert torch.linalg.norm(w_sub).item() == pytest.approx(torch.linalg.norm(model.layers[3].weight).item(), rel=1e-5)
+
+
+def test_prism_weighting_softmax_uses_the_softmax_of_the_singular_values():
+    """Option weighting='softmax' (PriSM Sec. 4.5, Table 5): the per-draw p of every prism strategy is the softmax
+    of the raw singular values, here (ln 4, ln 2, 0, 0, 0) -> (4, 2, 1, 1, 1) / 9; the marginals are the Wallenius
+    means of that p and prism+wallenius's ω their inverses."""
+    lam = np.array([np.log(4.0), np.log(2.0), 0.0, 0.0, 0.0])
+    for strategy in ("prism", "prism+scaled", "prism+wallenius", "prism+wallenius+cliplr"):
+        d = term_design(strategy, lam, 0.4, weighting="softmax")  # n = 2 of 5
+        np.testing.assert_allclose(d.weights, np.array([4, 2, 1, 1, 1]) / 9, rtol=1e-14)
+        np.testing.assert_allclose(d.pi, wallenius_inclusion(d.weights, 2), rtol=1e-12)
+    np.testing.assert_allclose(term_design("prism+wallenius", lam, 0.4, weighting="softmax").omega,
+                               1 / wallenius_inclusion(np.array([4, 2, 1, 1, 1]) / 9, 2), rtol=1e-12)
+    # the method passes the option to its designs; the draw is PriSM's (same generator state, same terms)
+    method = make_method("prism", weighting="softmax")
+    d = method.design(LAM, 0.2, clients=1)
+    np.testing.assert_allclose(d.weights, softmax_probabilities(LAM), rtol=1e-14)
+    idx, omega = d.sample(np.random.default_rng(7))
+    assert idx.tolist() == sample_numpy_choice(softmax_probabilities(LAM), 13, np.random.default_rng(7)).tolist()
+    assert len(idx) == 13 and np.all(omega == 1.0)
+
+
+def test_prism_design_inclusion_probabilities_match_its_draws_with_softmax_weights():
+    """What the design claims (pi: Fog's approximation of the Wallenius means, used by prism+wallenius and the
+    ANME diagnostic) against 20k of its own draws, n = 8 of N = 40, softmax of a spectrum spread over [0, 5]:
+    each frequency within 4 binomial standard errors (at most 0.014 here) plus 0.01, the bound on Fog's error
+    against the exact means for this spectrum (measured 0.005); the exact means within 4 standard errors."""
+    lam = np.random.default_rng(5).permutation(np.linspace(0.0, 5.0, 40))
+    d = term_design("prism", lam, 0.2, weighting="softmax")
+    assert d.n == 8
+    exact = wallenius_inclusion(d.weights, d.n, method="exact")
+    rng = np.random.default_rng(0)
+    draws = 20_000
+    counts = np.zeros(lam.size)
+    for _ in range(draws):
+        counts[d.sample(rng)[0]] += 1
+    freq = counts / draws
+    se = np.sqrt(exact * (1 - exact) / draws)
+    assert np.all(np.abs(freq - exact) <= 4 * se + 3 / draws)
+    assert np.all(np.abs(freq - d.pi) <= 4 * se + 0.01)
+    assert d.pi.sum() == pytest.approx(8, abs=1e-9) and d.pi.max() == pytest.approx(exact.max(), abs=0.01)
+
+
+def test_prism_weighting_default_leaves_prism_unchanged():
+    """The default weighting='power' is PriSM's Eq. (2): the same weights, marginals and draws as before the option
+    existed (p ∝ λ^4 at r = 0.2), and no version in the run key unless the option is set away from it."""
+    assert WEIGHTINGS == ("power", "softmax") and make_method("prism").config["weighting"] == "power"
+    default, explicit = term_design("prism", LAM, 0.2), term_design("prism", LAM, 0.2, weighting="power")
+    np.testing.assert_array_equal(default.weights, prism_probabilities(LAM, kappa=4.0))
+    np.testing.assert_array_equal(default.weights, explicit.weights)
+    np.testing.assert_array_equal(default.pi, explicit.pi)
+    a, b = default.sample(np.random.default_rng(3)), explicit.sample(np.random.default_rng(3))
+    assert a[0].tolist() == b[0].tolist() == sample_numpy_choice(prism_probabilities(LAM, kappa=4.0), 13,
+                                                                  np.random.default_rng(3)).tolist()
+    # uniform (kappa = 0) and softmax differ from PriSM and from each other on this spectrum (λ in [0.0025, 9])
+    uniform, soft = term_design("prism", LAM, 0.2, kappa=0.0), term_design("prism", LAM, 0.2, weighting="softmax")
+    assert uniform.pi.max() == pytest.approx(13 / 64) and soft.pi.max() > 0.9 and default.pi.max() > 0.9
+    assert np.abs(soft.pi - default.pi).max() > 0.1
+    prism = METHODS["prism"]
+    assert prism.behaviour_versions({}) == prism.behaviour_versions({"weighting": "power"}) == {"method:prism": 1}
+    assert prism.behaviour_versions({"weighting": "softmax"}) == {"method:prism": 1, "method:prism.weighting": 1}
+    assert METHODS["prism+memory"].behaviour_versions({"weighting": "softmax"})["method:prism+memory.weighting"] == 1
+
+
+@pytest.mark.parametrize("method, options, match", [
+    ("prism", dict(weighting="softmx"), r"option weighting='softmx' is not valid; accepted: power, softmax"),
+    ("prism", dict(weighting=None), r"option weighting=None is not valid; accepted: power, softmax"),
+    ("prism", dict(weighting="softmax", kappa=2.0), r"option kappa=2.0 is not valid with weighting='softmax'"),
+    ("prism", dict(weighting="softmax", kappa=0.0), r"option kappa=0.0 is not valid with weighting='softmax'"),
+    ("unbiased", dict(weighting="softmax"),
+     r"weighting='softmax' is not valid with strategy='unbiased'; accepted: 'power'.*prism\+scaled"),
+    ("spectral", dict(strategy="topn", weighting="softmax"), r"not valid with strategy='topn'"),
+])
+def test_prism_weighting_rejects_bad_values(method, options, match):
+    with pytest.raises(ValueError, match=match):
+        make_method(method, **options)
+
+
+def test_term_design_rejects_a_weighting_the_strategy_cannot_use():
+    with pytest.raises(ValueError, match=r"weighting='softmax' is not valid with strategy='collective'"):
+        term_design("collective", LAM, 0.2, clients=2, weighting="softmax")
+    with pytest.raises(ValueError, match=r"option weighting='uniform' is not valid; accepted: power, softmax"):
+        term_design("prism", LAM, 0.2, weighting="uniform")
+    assert make_config("prism", "digits", "mlp", scale="ci", method_options={"weighting": "softmax"})
+    with pytest.raises(ValueError, match="weighting"):
+        make_config("prism", "digits", "mlp", scale="ci", method_options={"weighting": "exp"})
 
 
 def _submodel_with_omega() -> torch.nn.Module:

@@ -55,7 +55,8 @@ Each strategy draws ``n = ⌈N r⌉`` terms ``S`` and gives each drawn term a mu
 
 * ``topn`` — the ``n`` largest ``λ`` (FedHM / "OrthDrop"); ``ω = 1``.
 * ``prism`` — ``rng.choice(N, n, replace=False, p)`` with ``p_i ∝ λ_i^κ`` (PriSM Eq. (2)); ``κ`` = option
-  ``kappa``, by default 4 if ``r ≤ 0.2`` else 2.5; ``ω = 1``.
+  ``kappa``, by default 4 if ``r ≤ 0.2`` else 2.5; ``ω = 1``. Option ``weighting`` replaces ``p`` by the other
+  distribution of PriSM's sampling ablation (below).
 * ``prism+scaled`` — PriSM's draw; ``ω_i = √(Σ_j λ_j² / Σ_{j∈S} λ_j²)`` for every ``i ∈ S``, so that the
   sub-model keeps the Frobenius norm of the layer: ``‖Σ_{i∈S} ω_i λ_i u_i v_iᵀ‖_F = ω √(Σ_{i∈S} λ_i²) = ‖W‖_F``
   (the terms are orthogonal).
@@ -86,7 +87,17 @@ marginals ``π``. PriSM's strategies always use numpy's sequential ``choice`` (i
 
 Other options
 -------------
-* ``kappa`` (None): PriSM's exponent; ``None`` = the paper's rule (4 if ``r ≤ 0.2`` else 2.5).
+* ``kappa`` (None): PriSM's exponent; ``None`` = the paper's rule (4 if ``r ≤ 0.2`` else 2.5). ``kappa=0`` makes
+  every term equally likely: the *uniform* row of PriSM's sampling ablation (Sec. 4.5, Table 5).
+* ``weighting`` (``"power"``): the per-draw distribution of the ``prism*`` strategies (:data:`WEIGHTINGS`).
+  ``"power"``: PriSM's Eq. (2), ``p_i ∝ λ_i^κ``. ``"softmax"``: the *softmax-based* row of PriSM's sampling
+  ablation (Sec. 4.5, Table 5), ``p_i = exp(λ_i) / Σ_j exp(λ_j)`` (:func:`~subfl.sampling.softmax_probabilities`),
+  of the layer's singular values as they are — Sec. 4.5 names no temperature, so none is applied; the
+  distribution therefore depends on the scale of the weights (``W → cW`` is a softmax at temperature ``1/c``),
+  where Eq. (2) does not. The terms are drawn exactly as PriSM draws them (the same sequential draw without
+  replacement, ``n`` of ``N``), only ``p`` changes; the ω of ``prism+wallenius`` use the Wallenius means of that
+  ``p``. ``"softmax"`` is refused for the other strategies (they draw no ``p``) and with ``kappa`` set (it has no
+  exponent).
 * ``frobenius_reg`` (0.0): weight ``β`` of the penalty ``(β/2) Σ_layers (‖U'_S‖_F² + ‖V'_S‖_F²)`` added to every
   mini-batch loss (client side, on the client's factors only). It is the Frobenius regulariser of a
   factorisation: for a fixed product ``Σ_{i∈S} u'_i v'_iᵀ`` it is smallest when ``‖u'_i‖ = ‖v'_i‖`` (the
@@ -159,8 +170,8 @@ from ..models.factorized import (LayerSpec, SpectralFactors, dense_weight, facto
                                  factorized_modules, layer_specs, set_omega, term_tensors)
 from ..models.spectral_refresh import SVD_SOLVERS, refresh_factors
 from ..sampling import (collective_inclusion, cps_design, keep_count, prism_probabilities, sample_brewer,
-                        sample_min_support, sample_numpy_choice, schatten_inclusion, unbiased_inclusion,
-                        unbiased_weights, wallenius_inclusion)
+                        sample_min_support, sample_numpy_choice, schatten_inclusion, softmax_probabilities,
+                        unbiased_inclusion, unbiased_weights, wallenius_inclusion)
 from ..fl.method import ClientContext, Method, ServerContext, ServerState, clone_tensors
 
 BASE_STRATEGIES: tuple[str, ...] = ("topn", "prism", "prism+scaled", "prism+wallenius", "unbiased", "collective",
@@ -175,6 +186,10 @@ STRATEGIES: tuple[str, ...] = BASE_STRATEGIES + tuple(s + CLIPLR_SUFFIX for s in
 
 SAMPLERS: tuple[str, ...] = ("cps", "brewer", "min_support")
 """Fixed-size samplers with prescribed marginals (option ``sampler``)."""
+
+WEIGHTINGS: tuple[str, ...] = ("power", "softmax")
+"""Accepted values of option ``weighting``: PriSM's ``p ∝ λ^κ`` (Eq. (2)) or a softmax of the singular values
+(PriSM Sec. 4.5, Table 5)."""
 
 FACTOR_DECAYS: tuple[str, ...] = ("weight", "frobenius")
 """Accepted values of option ``factor_decay``: the optimiser's weight decay on the factors, or Frobenius decay of
@@ -262,10 +277,31 @@ def _prism_draw(weights: np.ndarray, n: int, rng: np.random.Generator) -> np.nda
     return np.sort(np.concatenate((positive, fill)).astype(np.int64))
 
 
-def _prism_weights(lam: np.ndarray, kappa: float | None, keep_ratio: float) -> np.ndarray:
+def _prism_weights(lam: np.ndarray, kappa: float | None, keep_ratio: float, weighting: str = "power") -> np.ndarray:
+    """PriSM's per-draw distribution: Eq. (2) (``weighting="power"``) or the softmax of Sec. 4.5; uniform for an
+    all-zero spectrum (which is also what the softmax gives there)."""
     if lam.max() <= 0:
         return np.full(lam.size, 1.0 / lam.size)
+    if weighting == "softmax":
+        return softmax_probabilities(lam)
     return prism_probabilities(lam, kappa, keep_ratio)
+
+
+def check_weighting(weighting: Any, strategy: str, kappa: float | None) -> str:
+    """Option ``weighting`` (PriSM Sec. 4.5, Table 5) validated against the strategy and ``kappa``; ``ValueError``
+    naming what is accepted."""
+    if not isinstance(weighting, str) or weighting not in WEIGHTINGS:
+        raise ValueError(f"option weighting={weighting!r} is not valid; accepted: {', '.join(WEIGHTINGS)}")
+    if weighting != "power":
+        base, _ = parse_strategy(strategy)
+        if not base.startswith("prism"):
+            raise ValueError(f"option weighting={weighting!r} is not valid with strategy={strategy!r}; accepted: "
+                             f"'power' (the default), or a PriSM strategy "
+                             f"({', '.join(s for s in STRATEGIES if s.startswith('prism'))})")
+        if kappa is not None:
+            raise ValueError(f"option kappa={kappa!r} is not valid with weighting={weighting!r}; accepted: None (the "
+                             f"softmax of the singular values has no exponent)")
+    return weighting
 
 
 def _prism_marginals(weights: np.ndarray, n: int) -> np.ndarray:
@@ -280,13 +316,15 @@ def _prism_marginals(weights: np.ndarray, n: int) -> np.ndarray:
 
 def term_design(strategy: str, singular_values: Sequence[float] | np.ndarray | torch.Tensor, keep_ratio: float, *,
                 clients: int = 1, kappa: float | None = None, sampler: str = "cps",
-                schatten_p: float = 4.0) -> TermDesign:
+                schatten_p: float = 4.0, weighting: str = "power") -> TermDesign:
     """The :class:`TermDesign` of ``strategy`` (a base strategy or a ``+cliplr`` name) for one layer.
 
     ``singular_values``: the layer's spectrum ``λ`` (``N`` values); ``keep_ratio``: ``r`` (ignored by
-    ``nosharding``, which keeps every term); ``clients``: ``C`` for ``collective``. ``n = keep_count(N, r)``.
+    ``nosharding``, which keeps every term); ``clients``: ``C`` for ``collective``; ``weighting``: PriSM's
+    per-draw distribution (:data:`WEIGHTINGS`; ``prism*`` strategies only). ``n = keep_count(N, r)``.
     """
     base, _ = parse_strategy(strategy)
+    check_weighting(weighting, strategy, kappa)
     if sampler not in SAMPLERS:
         raise ValueError(f"option sampler={sampler!r} is not valid; accepted: {', '.join(SAMPLERS)}")
     if isinstance(singular_values, torch.Tensor):
@@ -304,7 +342,7 @@ def term_design(strategy: str, singular_values: Sequence[float] | np.ndarray | t
     if base == "nosharding":
         return TermDesign(base, lam, n, np.ones(size), np.ones(size), sampler=sampler)
     if base.startswith("prism"):
-        weights = _prism_weights(lam, kappa, keep_ratio)
+        weights = _prism_weights(lam, kappa, keep_ratio, weighting)
         pi = _prism_marginals(weights, n)
         omega = None if base == "prism+scaled" else (unbiased_weights(pi) if base == "prism+wallenius"
                                                      else np.ones(size))
@@ -398,8 +436,9 @@ class SpectralSharding(Method):
     name = "spectral"
     options: dict = {"strategy": "unbiased", "sampler": "cps", "kappa": None, "tau": 10.0, "frobenius_reg": 0.0,
                      "factor_decay": "weight", "schatten_p": 4.0, "sbn": True, "diagnostics": True,
-                     "svd_solver": "exact"}
-    option_versions = {"factor_decay": 1, "svd_solver": 1}  # alternatives to the default path, versioned apart
+                     "svd_solver": "exact", "weighting": "power"}
+    # alternatives to the default path, versioned apart
+    option_versions = {"factor_decay": 1, "svd_solver": 1, "weighting": 1}
     fixed_strategy: ClassVar[str | None] = None
 
     def __init__(self, **options: Any) -> None:
@@ -424,6 +463,7 @@ class SpectralSharding(Method):
         if cfg["svd_solver"] not in SVD_SOLVERS:
             raise ValueError(f"option svd_solver={cfg['svd_solver']!r} is not valid; accepted: "
                              f"{', '.join(SVD_SOLVERS)}")
+        check_weighting(cfg["weighting"], cfg["strategy"], cfg["kappa"])
 
     # ----- server side -------------------------------------------------------------------------------
     def effective_keep_ratio(self, profile: ClientProfile) -> float:
@@ -434,7 +474,7 @@ class SpectralSharding(Method):
         """This method's :class:`TermDesign` for a layer with spectrum ``lam``."""
         cfg = self.config
         return term_design(self.base, lam, keep_ratio, clients=clients, kappa=cfg["kappa"], sampler=cfg["sampler"],
-                           schatten_p=cfg["schatten_p"])
+                           schatten_p=cfg["schatten_p"], weighting=cfg["weighting"])
 
     def refresh(self, weights: Mapping[str, torch.Tensor],
                 specs: Mapping[str, LayerSpec]) -> dict[str, SpectralFactors]:
@@ -627,5 +667,5 @@ SPECTRAL_METHODS: dict[str, type[SpectralSharding]] = {
 """Method name → class: ``spectral`` and one class per strategy name."""
 
 __all__ = ["BASE_STRATEGIES", "FACTOR_DECAYS", "SAMPLERS", "SPECTRAL_METHODS", "STRATEGIES", "SpectralSharding",
-           "TermDesign", "clip_gradients", "frobenius_decay_penalty", "frobenius_penalty", "parse_strategy",
-           "product_frobenius_sq", "term_design"]
+           "TermDesign", "WEIGHTINGS", "check_weighting", "clip_gradients", "frobenius_decay_penalty",
+           "frobenius_penalty", "parse_strategy", "product_frobenius_sq", "term_design"]

@@ -2,7 +2,7 @@
 
 * :mod:`subfl.sampling.inclusion` -- marginals ``pi`` of the spectral-sharding estimators (Unbiased,
   Collective, Schatten-p), PriSM's sampling distribution and its Wallenius marginals, and the expected
-  Frobenius discrepancy.
+  Frobenius discrepancy; the softmax-based distribution of PriSM's sampling ablation.
 * :mod:`subfl.sampling.samplers` -- exact designs with prescribed marginals: conditional Poisson (maximum
   entropy), Brewer, minimum support, and numpy's sequential ``choice`` used by PriSM.
 """
@@ -16,6 +16,7 @@ from .inclusion import (
     prism_probabilities,
     schatten_discrepancy,
     schatten_inclusion,
+    softmax_probabilities,
     unbiased_inclusion,
     unbiased_weights,
     wallenius_inclusion,
@@ -45,6 +46,7 @@ __all__ = [
     "sample_numpy_choice",
     "schatten_discrepancy",
     "schatten_inclusion",
+    "softmax_probabilities",
     "unbiased_inclusion",
     "unbiased_weights",
     "wallenius_inclusion",

@@ -17,6 +17,7 @@ Functions
 * :func:`collective_inclusion` -- Theorem 3.2 / Eq. (8) of spectral sharding.
 * :func:`schatten_inclusion` -- unbiased estimator, Schatten-p discrepancy (exact KKT or SLSQP).
 * :func:`prism_probabilities` -- Eq. (2) of PriSM (Niu et al., TMLR 2023).
+* :func:`softmax_probabilities` -- the softmax-based distribution of PriSM's sampling ablation (Sec. 4.5, Table 5).
 * :func:`wallenius_inclusion` -- marginals of PriSM's sequential sampler (Fog's approximation or exact).
 * :func:`expected_discrepancy`, :func:`monte_carlo_discrepancy` -- ``E||W - W_hat||_F^2``.
 """
@@ -39,6 +40,7 @@ __all__ = [
     "schatten_inclusion",
     "schatten_discrepancy",
     "prism_probabilities",
+    "softmax_probabilities",
     "wallenius_inclusion",
     "expected_discrepancy",
     "monte_carlo_discrepancy",
@@ -433,6 +435,27 @@ def prism_probabilities(lam: object, kappa: float | None = None, r: float | None
         raise ValueError("lam must have at least one positive singular value, got all zeros")
     powered = (lam / top) ** float(kappa)  # kappa = 0 gives the uniform distribution (0 ** 0 = 1)
     return powered / powered.sum()
+
+
+def softmax_probabilities(lam: object) -> np.ndarray:
+    """The softmax-based sampling distribution of PriSM's ablation (Niu et al., TMLR 2023, Sec. 4.5, Table 5).
+
+    ``p_i = exp(lam_i) / sum_j exp(lam_j)``: Sec. 4.5 obtains each kernel's probability by passing the singular
+    values through a softmax, and states no temperature or rescaling, so the singular values enter as they are.
+    Like Eq. (2) (:func:`prism_probabilities`) it is a *per-draw* distribution, used with PriSM's sequential
+    draw without replacement, whose inclusion probabilities are Wallenius' (:func:`wallenius_inclusion`).
+
+    Unlike Eq. (2), which depends only on the ratios ``lam_i / lam_j``, the softmax depends on the absolute size
+    of the singular values: scaling the layer ``W -> c W`` is a softmax at temperature ``1/c``. Singular values
+    spread over less than about one unit give a nearly uniform distribution (``exp(1) ~ 2.7`` is the largest
+    odds ratio), a spread of several units a sharply peaked one.
+
+    Computed as ``exp(lam_i - max(lam)) / sum_j exp(lam_j - max(lam))`` (the same value), which cannot overflow;
+    a term more than about 745 below the largest gets probability 0 (its exact value is below 1e-323).
+    """
+    lam = _as_spectrum(lam)
+    odds = np.exp(lam - lam.max())  # the largest is exp(0) = 1, so the sum is in [1, N]
+    return odds / odds.sum()
 
 
 def _fog_clock(w: np.ndarray, n: int) -> float:

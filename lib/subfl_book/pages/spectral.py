@@ -1,7 +1,7 @@
 """Helpers of the spectral-sharding chapter's pages (notebooks/spectral/*.ipynb).
 
 Korzhenkov & Louizos, "On Sampling Strategies for Spectral Model Sharding" (Table 1, Fig. 3, Sec. 4.2, Sec. 5,
-Algorithm 2), and PriSM (Niu et al.; Fig. 5, 8, 9): the per-run and per-seed numbers the pages' tables and
+Algorithm 2), and PriSM (Niu et al.; Fig. 5, 8, 9, Table 5): the per-run and per-seed numbers the pages' tables and
 scorecards compare. Every function takes what it reads as arguments; none reads a notebook's globals.
 """
 from __future__ import annotations
@@ -12,9 +12,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 
 from subfl import sampling
 from subfl.experiments.runner import RunResult
+from subfl.methods.spectral import term_design
 from subfl.sampling import analysis
 
 from ..spectral_shakespeare import last_evaluations_mean
@@ -147,3 +149,40 @@ def effective_rank_share(run: RunResult, at: int) -> float:
     terms = {layer: len(f["singular_values"]) for layer, f in run.state()["factors"].items()}
     ranks = run.history[(run.history["metric"] == "effective_rank") & (run.history["round"] == at)]
     return float((ranks["value"] / ranks["group"].map(terms)).mean())
+
+
+# ---- PriSM's sampling ablation (Sec. 4.5, Table 5) ----------------------------------------------------------------
+PRISM_SAMPLING_TABLE = "PriSM's sampling distribution (PriSM Table 5)"
+"""The ablations page's table of PriSM's sampling distributions (a key of the catalog's ``SPECTRAL_ABLATIONS``)."""
+
+def final_layer_spectra(results: Iterable[RunResult]) -> dict[str, np.ndarray]:
+    """Each decomposed layer's singular values in the final global model of the first run among ``results`` that
+    did not diverge (a spectral run's saved state holds them); ``{}`` if every run diverged."""
+    for run in results:
+        if not run.diverged:
+            return {layer: torch.as_tensor(f["singular_values"]).to(torch.float64).numpy()
+                    for layer, f in run.state()["factors"].items()}
+    return {}
+
+
+def sampling_distribution_rows(spectra: Mapping[str, np.ndarray], keep_ratio: float,
+                               label: str) -> list[dict[str, Any]]:
+    """PriSM Sec. 4.5: what each of Table 5's three sampling distributions does with a layer's spectrum. One row
+    per layer of ``spectra``: its size ``N`` and singular-value range, and, for uniform sampling (κ = 0), the
+    softmax of the singular values and Eq. (2) with the default κ — each drawn as PriSM draws, ``⌈N r⌉`` terms
+    without replacement — the largest inclusion probability π (Wallenius means, Fog's approximation, as the
+    library's designs use them) and the expected share of the layer's ``‖W‖_F²`` a sub-model keeps,
+    ``Σ π_i λ_i² / Σ λ_i²`` (the terms are orthogonal). ``label`` names the run the spectra come from."""
+    arms = {"uniform": {"kappa": 0.0}, "softmax": {"weighting": "softmax"}, "Eq. (2)": {}}
+    rows = []
+    for layer, lam in spectra.items():
+        lam = np.asarray(lam, dtype=np.float64)
+        energy = float(np.sum(lam**2))
+        row: dict[str, Any] = {"run": label, "layer": layer, "N": lam.size, "λ min": float(lam.min()),
+                               "λ max": float(lam.max())}
+        for arm, options in arms.items():
+            pi = term_design("prism", lam, keep_ratio, **options).pi
+            row[f"{arm}: π max"] = float(pi.max())
+            row[f"{arm}: kept share of ‖W‖²"] = float(pi @ lam**2) / energy if energy > 0 else _NAN
+        rows.append(row)
+    return rows

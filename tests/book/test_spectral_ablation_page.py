@@ -1,0 +1,56 @@
+"""The ablations page's helpers for PriSM's sampling ablation (subfl_book.pages.spectral; PriSM Sec. 4.5, Table 5)."""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from subfl.sampling import softmax_probabilities, wallenius_inclusion
+from subfl_book.catalog import spectral_ablation_configs
+from subfl_book.pages.spectral import PRISM_SAMPLING_TABLE, final_layer_spectra, sampling_distribution_rows
+
+
+def _label(cfg) -> str:
+    return " ".join([cfg.method, *(f"{k}={v}" for k, v in cfg.method_options)])
+
+
+def test_prism_table5_runs_its_three_rows_in_the_papers_order():
+    """Uniform, softmax, PriSM, built alike (keep ratio 0.2, lr 0.005, Dirichlet(0.1)) and differing only in their
+    method options, so the uniform and PriSM runs keep the configs (and stored runs) they had before softmax."""
+    for seed in (0, 1):
+        configs = spectral_ablation_configs(PRISM_SAMPLING_TABLE, scale="cpu", seed=seed)
+        assert [_label(c) for c in configs] == ["prism kappa=0.0", "prism weighting=softmax", "prism"]
+        softmax, prism = configs[1], configs[2]
+        assert softmax == prism.replace(method_options={"weighting": "softmax"})
+        assert softmax.lr == 0.005 and softmax.heterogeneity == "0.2" and softmax.seed == seed
+
+
+def test_sampling_distribution_rows_on_known_spectra():
+    """A flat spectrum: all three distributions are uniform, π = n / N = 2/10 and the kept share 0.2. Uniform
+    sampling keeps n / N of ‖W‖² whatever the spectrum (0.4 with n = 2 of 5). Softmax of (ln 4, ln 2, 0, 0, 0) is
+    (4, 2, 1, 1, 1) / 9; with n = 1 its exact marginals are p itself (largest 4/9 = 0.444), and the rows use Fog's
+    approximation of them, 0.405 here (Fog's error on five items, 0.04, is within 0.05)."""
+    flat = sampling_distribution_rows({"a": np.ones(10)}, 0.2, "flat")[0]
+    for arm in ("uniform", "softmax", "Eq. (2)"):
+        assert flat[f"{arm}: π max"] == pytest.approx(0.2) and flat[f"{arm}: kept share of ‖W‖²"] == pytest.approx(0.2)
+    skewed = sampling_distribution_rows({"a": [3.0, 2.0, 1.0, 0.5, 0.1]}, 0.4, "skewed")[0]
+    assert skewed["uniform: kept share of ‖W‖²"] == pytest.approx(0.4)
+    assert skewed["uniform: kept share of ‖W‖²"] < skewed["softmax: kept share of ‖W‖²"] < 1
+    lam = np.array([np.log(4.0), np.log(2.0), 0.0, 0.0, 0.0])
+    row = sampling_distribution_rows({"b": lam}, 0.2, "run")[0]
+    assert (row["run"], row["layer"], row["N"]) == ("run", "b", 5)
+    assert row["λ min"] == 0.0 and row["λ max"] == pytest.approx(np.log(4.0))
+    assert abs(row["softmax: π max"] - 4 / 9) < 0.05
+    pi = wallenius_inclusion(softmax_probabilities(lam), 1)
+    assert row["softmax: kept share of ‖W‖²"] == pytest.approx(float(pi @ lam**2 / np.sum(lam**2)), rel=1e-12)
+
+
+def test_final_layer_spectra_reads_the_first_run_that_finished():
+    state = {"factors": {"conv2": {"singular_values": np.array([3.0, 1.0], dtype=np.float32)}}}
+    diverged = types.SimpleNamespace(diverged=True)
+    finished = types.SimpleNamespace(diverged=False, state=lambda: state)
+    spectra = final_layer_spectra([diverged, finished])
+    assert list(spectra) == ["conv2"] and spectra["conv2"].dtype == np.float64
+    assert spectra["conv2"].tolist() == [3.0, 1.0]
+    assert final_layer_spectra([diverged]) == {}
