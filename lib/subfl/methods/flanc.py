@@ -40,7 +40,10 @@ Options: ``widths`` ((0.25, 0.5, 0.75, 1.0)); ``r1`` / ``r2`` (None: per layer `
 ``gcd_p S_p`` not above ``r1_fraction · S_max``, ``R₂ = round(r2_fraction · T_max)`` clipped to ``R₁k²``;
 ``r1_fraction = 0.125`` and ``r2_fraction = 0.25`` are the released code's ``--basis_fraction 0.125 --n_basis
 0.25``); ``ortho_lambda`` (10, the released code's ``--lambdaR`` default) and ``ortho_reduction`` (``"mean"``,
-the released code; ``"sum"``: Eq. (3) literally); ``compose_1x1`` (False); ``sbn`` (True).
+the released code; ``"sum"``: Eq. (3) literally); ``compose_1x1`` (False); ``sbn`` (True). ``R₁`` is set per
+composed layer from its own input channels; the released ResNet-18 sets it per residual block instead, which
+halves ``R₁`` of the second convolution of the first block of stages 2–4 (``composition_plan(r1_scope="block")``,
+used only for the parameter counts below, not by the method).
 
 :func:`flanc_parameter_counts` gives, per width, the parameters a client receives / sends next to the dense
 p-width model's (the chapter's Table 1).
@@ -245,9 +248,9 @@ DEFAULT_INPUT_SHAPES = {"resnet18": (3, 32, 32), "vgg11": (3, 32, 32)}
 
 def flanc_parameter_counts(model_name: str = "resnet18", widths: Sequence[float] = DEFAULT_WIDTHS,
                            r1: int | None = None, r2: int | None = None, *, r1_fraction: float = R1_FRACTION,
-                           r2_fraction: float = R2_FRACTION, compose_1x1: bool = False, num_classes: int = 10,
-                           input_shape: tuple[int, ...] | None = None, width: float = 1.0, norm: str | None = None,
-                           **model_options: Any) -> list[dict[str, Any]]:
+                           r2_fraction: float = R2_FRACTION, compose_1x1: bool = False, r1_scope: str = "layer",
+                           num_classes: int = 10, input_shape: tuple[int, ...] | None = None, width: float = 1.0,
+                           norm: str | None = None, **model_options: Any) -> list[dict[str, Any]]:
     """Parameters a FLANC client of each width receives and sends, next to the dense p-width model's (Table 1).
 
     One row per width p: ``dense`` (parameters of ``build_model(width=w·p)``; buffers excluded), ``basis``
@@ -257,6 +260,11 @@ def flanc_parameter_counts(model_name: str = "resnet18", widths: Sequence[float]
     Pure: models are built on the ``meta`` device (shapes only). ``model_name``: a name of
     :func:`~subfl.models.build_model` or ``"flanc_cnn"``; default input shape (3, 32, 32) for resnet18 / vgg11,
     else (1, 28, 28).
+
+    ``r1_scope`` (:func:`~subfl.models.composed.composition_plan`): ``"layer"`` is what the :class:`FLANC` method
+    trains; ``"block"`` is the released ResNet-18's ``R₁`` (one per residual block), whose counts for ResNet-18 on
+    10 classes, 526,874 / 1,214,506 / 2,357,818 / 3,956,810 at p = ¼, ½, ¾, 1, round to Table 1's 0.5M / 1.2M /
+    2.4M / 4.0M (``"layer"``: 532,250 / 1,090,858 / 2,019,130 / 3,317,066).
     """
     widths = _check_widths(widths)
     shape = tuple(input_shape) if input_shape is not None else DEFAULT_INPUT_SHAPES.get(model_name, (1, 28, 28))
@@ -264,7 +272,7 @@ def flanc_parameter_counts(model_name: str = "resnet18", widths: Sequence[float]
         dense = {p: build_dense_model(model_name, num_classes=num_classes, input_shape=shape,
                                       width=model_width(width, p), norm=norm, **model_options) for p in widths}
     plan = composition_plan(dense, r1=r1, r2=r2, r1_fraction=r1_fraction, r2_fraction=r2_fraction,
-                            compose_1x1=compose_1x1)
+                            compose_1x1=compose_1x1, r1_scope=r1_scope)
     basis = sum(s.basis_parameters() for s in plan.values())
     rows = []
     for p, model in dense.items():

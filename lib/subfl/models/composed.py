@@ -34,10 +34,18 @@ The classifier's input width scales with p; its output stays ``num_classes``.
 
 Sizes (:func:`composition_plan`): the p-width dense model (``build_model(width=w·p)``) gives ``S_p`` and ``T_p``.
 ``R₁`` must divide every ``S_p``; by default it is the largest divisor of ``gcd_p S_p`` not above
-``r1_fraction · S_max`` (``r1_fraction = 0.125``: the released code's ``--basis_fraction 0.125``, where ``R₁ =
-0.125 ×`` the full-width input channels; both rules agree on ResNet-18 and the FLANC CNN at p ∈ {¼, ½, ¾, 1}).
-``R₂`` is ``round(r2_fraction · T_max)`` (``r2_fraction = 0.25``: ``--n_basis 0.25``, a quarter of the
-full-width output channels), at most ``R₁k²``. Integers ``r1`` / ``r2`` override both rules for every layer.
+``r1_fraction · S_max`` (``r1_fraction = 0.125``: the released code's ``--basis_fraction 0.125``). Which input
+``S`` that is, is ``r1_scope``'s choice: ``"layer"`` (default) takes each composed layer's own input;
+``"block"`` takes, for every composed layer inside a residual block, the input of the block's first composed
+layer (:func:`residual_block_of`). The released ResNet-18 does the latter: both 3×3 convolutions of a
+BasicBlock get ``R₁ = 0.125 ×`` the block's full-width input channels, so the second convolution of the first
+block of stages 2–4 has ``R₁`` = 8 / 16 / 32 where ``"layer"`` gives 16 / 32 / 64 (twice the input groups, so
+twice the coefficients of those three layers). With ``"block"`` a ResNet-18 client's payload is 0.53M / 1.21M /
+2.36M / 3.96M parameters at p = ¼, ½, ¾, 1, the values FLANC's Table 1 prints (0.5M / 1.2M / 2.4M / 4.0M); with
+``"layer"`` it is 0.53M / 1.09M / 2.02M / 3.32M (:mod:`subfl.costs.flanc_payload`). The two scopes coincide on
+the FLANC CNN (no residual block). ``R₂`` is ``round(r2_fraction · T_max)`` (``r2_fraction = 0.25``: ``--n_basis
+0.25``, a quarter of the full-width output channels), at most ``R₁k²``. Integers ``r1`` / ``r2`` override both
+rules for every layer.
 
 Models. Any model of :func:`~subfl.models.build_model` can be composed (:func:`build_composed_models`); the
 chapter uses the CIFAR ResNet-18 (:mod:`subfl.models.resnet`: the 16 3×3 convolutions of its BasicBlocks are
@@ -65,6 +73,7 @@ __all__ = [
     "ComposedLayerSpec",
     "ComposedLinear",
     "FlancCNN",
+    "R1_SCOPES",
     "build_composed_models",
     "build_dense_model",
     "choose_r1",
@@ -79,6 +88,7 @@ __all__ = [
     "init_coefficients",
     "orthogonality_penalty",
     "orthonormal_columns",
+    "residual_block_of",
     "split_state",
 ]
 
@@ -275,17 +285,41 @@ def choose_r2(out_size: int, r1: int, kernel_positions: int, r2: int | None = No
     return min(value, int(r1) * int(kernel_positions))
 
 
+R1_SCOPES = ("layer", "block")
+"""Whose input sizes set a layer's ``R₁``: the layer's own, or its residual block's (see the module docstring)."""
+
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+def residual_block_of(model: nn.Module, name: str) -> str:
+    """The residual block holding layer ``name``: its innermost enclosing module that is neither the model itself
+    nor a container (``nn.Sequential`` / ``ModuleList`` / ``ModuleDict``); ``""`` if there is none. In the CIFAR
+    ResNet-18 ``"layer2.0.conv2"`` and ``"layer2.0.shortcut.0"`` are in ``"layer2.0"``; the FLANC CNN's and VGG's
+    layers are in none."""
+    parts = name.split(".")[:-1]
+    while parts:
+        candidate = ".".join(parts)
+        if not isinstance(model.get_submodule(candidate), _CONTAINERS):
+            return candidate
+        parts.pop()
+    return ""
+
+
 def composition_plan(models: Mapping[float, nn.Module], *, r1: int | None = None, r2: int | None = None,
                      r1_fraction: float = R1_FRACTION, r2_fraction: float = R2_FRACTION,
-                     compose_1x1: bool = False) -> dict[str, ComposedLayerSpec]:
+                     compose_1x1: bool = False, r1_scope: str = "layer") -> dict[str, ComposedLayerSpec]:
     """The composed layers of a family of dense models, one per width p (``{p: build_model(width=w·p)}``).
 
     Every model must have the same composable layers (names, kinds, kernels); their weights give ``S_p``, ``T_p``.
-    ``R₁``, ``R₂``: :func:`choose_r1`, :func:`choose_r2` per layer. Raises ``ValueError`` if the family has no
-    composable layer or its models differ in structure.
+    ``R₁``, ``R₂``: :func:`choose_r1`, :func:`choose_r2` per layer. ``r1_scope="block"`` computes ``R₁`` from the
+    input sizes of the first composed layer of the layer's residual block (:func:`residual_block_of`) instead of
+    its own, falling back to its own where that ``R₁`` does not divide all of them (see the module docstring).
+    Raises ``ValueError`` if the family has no composable layer or its models differ in structure.
     """
     if not models:
         raise ValueError("models must hold at least one width")
+    if r1_scope not in R1_SCOPES:
+        raise ValueError(f"r1_scope must be one of {R1_SCOPES}, got {r1_scope!r}")
     widths = sorted(float(p) for p in models)
     by_width = {float(p): m for p, m in models.items()}
     names = composable_layers(by_width[widths[-1]], compose_1x1)
@@ -298,6 +332,7 @@ def composition_plan(models: Mapping[float, nn.Module], *, r1: int | None = None
             raise ValueError(f"the width-{p:g} model's composable layers differ from the widest model's: "
                              f"{sorted(set(other) ^ set(names))[:5]}")
     plan: dict[str, ComposedLayerSpec] = {}
+    block_inputs: dict[str, list[int]] = {}  # residual block -> input sizes of its first composed layer
     for name in names:
         mods = {p: by_width[p].get_submodule(name) for p in widths}
         widest = mods[widths[-1]]
@@ -310,6 +345,12 @@ def composition_plan(models: Mapping[float, nn.Module], *, r1: int | None = None
             if k != kernel or isinstance(m, nn.Conv2d) != (kind == "conv2d"):
                 raise ValueError(f"layer {name!r} differs in kind or kernel between widths")
         a = choose_r1([s for _, s in ins], r1, r1_fraction, name)
+        block = residual_block_of(by_width[widths[-1]], name) if r1_scope == "block" and r1 is None else ""
+        if block:
+            source = block_inputs.setdefault(block, [s for _, s in ins])
+            shared = choose_r1(source, None, r1_fraction, name)
+            if all(s % shared == 0 for _, s in ins):
+                a = shared
         b = choose_r2(outs[-1][1], a, kernel[0] * kernel[1], r2, r2_fraction)
         plan[name] = ComposedLayerSpec(name, kind, kernel, a, b, ins, outs, widest.bias is not None)
     return plan
@@ -491,7 +532,10 @@ class FlancCNN(nn.Module):
     num_classes)`` — four weight layers. As in the released code there is no activation between the head and
     ``conv1``, and ``conv1`` / ``conv2`` (the composed layers) have no bias. One departure: the released head
     keeps 64 channels at every width; here every hidden size scales with the width (the library's one rule,
-    :func:`~subfl.models.norm.scaled_channels`), so the head is a width-p layer like the others.
+    :func:`~subfl.models.norm.scaled_channels`), so the head is a width-p layer like the others. That departure
+    is what separates FLANC's Table 1 Fashion-MNIST column from this model's: with the released 64-channel head a
+    client of width ¼ / ½ / ¾ / 1 exchanges 33,482 / 63,498 / 97,610 / 135,818 parameters (printed 33K / 63K / 98K /
+    136K), with the scaled head 26,858 / 54,986 / 91,306 / 135,818 (:mod:`subfl.costs.flanc_payload`).
 
     At width 1 on 1×28×28 inputs: 284,554 parameters (head 640, conv1 73,728, conv2 147,456, classifier 62,730).
     """
@@ -542,7 +586,7 @@ def build_dense_model(name: str, *, num_classes: int, input_shape: tuple[int, ..
 def build_composed_models(name: str, widths: Sequence[float] = (0.25, 0.5, 0.75, 1.0), *, num_classes: int,
                           input_shape: tuple[int, ...], width: float = 1.0, norm: str | None = None,
                           r1: int | None = None, r2: int | None = None, r1_fraction: float = R1_FRACTION,
-                          r2_fraction: float = R2_FRACTION, compose_1x1: bool = False,
+                          r2_fraction: float = R2_FRACTION, compose_1x1: bool = False, r1_scope: str = "layer",
                           generator: torch.Generator | None = None, **options,
                           ) -> tuple[dict[float, nn.Module], dict[str, ComposedLayerSpec]]:
     """The all-in-one family: a composed p-width model for every ``p`` of ``widths`` whose composed layers share
@@ -556,7 +600,7 @@ def build_composed_models(name: str, widths: Sequence[float] = (0.25, 0.5, 0.75,
                                          width=round(float(width) * float(p), 12), norm=norm, **options)
              for p in sorted(widths)}
     plan = composition_plan(dense, r1=r1, r2=r2, r1_fraction=r1_fraction, r2_fraction=r2_fraction,
-                            compose_1x1=compose_1x1)
+                            compose_1x1=compose_1x1, r1_scope=r1_scope)
     shared = {k: nn.Parameter(v) for k, v in init_bases(plan, generator).items()}
     models = {}
     for p, model in dense.items():

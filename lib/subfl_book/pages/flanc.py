@@ -99,3 +99,69 @@ def versus_better(card: Scorecard, claim: str, results: Sequence[RunResult], wid
     return card.stated_order(claim, values(results, "flanc", widths, metric), values(results, rival, widths, metric),
                              chance=chance if accuracy else None, higher_is_better=accuracy,
                              config=cfg_of(results), what=f"FLANC vs {NAME[rival]} (the better baseline), {what}")
+
+
+# ---- Table 1's communication column: which construction reproduces it (notebooks/flanc/communication.ipynb) ----
+def communication_candidates(model: str = "resnet18", num_classes: int = 10):
+    """FLANC's per-round payload (parameters, one direction) at widths ¼, ½, ¾, 1 and its average under each
+    candidate construction of :func:`subfl.costs.flanc_payload.candidates`, in Table 1's unit (M for ResNet-18, K
+    for the CNN, three decimals / one decimal), with ``agree`` (how many of the five round to the printed value)
+    and ``matches`` (all five do). The first row is Table 1 itself."""
+    import pandas as pd
+
+    from subfl.costs import flanc_payload as fp
+
+    unit, digits = (1e6, 3) if model == "resnet18" else (1e3, 1)
+    keys = ("w0.25", "w0.5", "w0.75", "w1", "avg")
+    paper = {"construction": "Table 1 (printed)", **{k: v / unit for k, v in zip(keys, fp.TABLE1_FLANC[model])},
+             "agree": 5, "matches": True}
+    rows = [paper] + [{**r, **{k: round(r[k] / unit, digits) for k in keys}}
+                      for r in fp.candidate_table(model, num_classes)]
+    return pd.DataFrame(rows).set_index("construction")
+
+
+def communication_grid_matches(model: str = "resnet18", num_classes: int = 10):
+    """Of every combination of :func:`subfl.costs.flanc_payload.grid` (432), the ones whose five values all round to
+    Table 1's FLANC column, one row per distinct payload: its values, ``constructions`` (how many combinations give
+    it) and ``for example`` (the first of them). Returns ``(table, n_combinations, n_distinct_payloads)``."""
+    import pandas as pd
+
+    from subfl.costs import flanc_payload as fp
+
+    rows = fp.grid(model, num_classes)
+    keys = ("w0.25", "w0.5", "w0.75", "w1", "avg")
+    distinct = {tuple(r[k] for k in keys) for r in rows}
+    groups: dict[tuple, list[str]] = {}
+    for r in rows:
+        if r["matches"]:
+            groups.setdefault(tuple(r[k] for k in keys), []).append(r["construction"])
+    table = pd.DataFrame([{**dict(zip(keys, v)), "constructions": len(names), "for example": names[0]}
+                          for v, names in groups.items()])
+    return table, len(rows), len(distinct)
+
+
+def table1_communication(model: str = "resnet18", num_classes: int = 10):
+    """Per width (index ¼, ½, ¾, 1): ``dense`` (the p-width model) and ``sent`` (a FLANC client's payload) under the
+    construction that reproduces Table 1's FLANC column: ResNet-18 with ``R₁`` per residual block
+    (:func:`~subfl.methods.flanc.flanc_parameter_counts` with ``r1_scope="block"``, the library's ResNet-18); the
+    CNN with its head at 64 channels for every width (:data:`subfl.costs.flanc_payload.RELEASED`, the library's
+    FlancCNN scales its head)."""
+    import pandas as pd
+
+    from subfl.costs import flanc_payload as fp
+    from subfl.methods.flanc import flanc_parameter_counts
+
+    if model == "resnet18":
+        rows = flanc_parameter_counts("resnet18", num_classes=num_classes, r1_scope="block")
+    else:
+        rows = fp.payload(fp.flanc_cnn_family(num_classes=num_classes, input_layer="fixed"), fp.RELEASED)
+    return pd.DataFrame(rows).set_index("width")[["dense", "sent"]]
+
+
+def table1_note(card, how: dict, claim: str, library: float | None = None) -> str:
+    """A Table 1 scorecard row's note: the claim, the construction our count used (``how[table] = (rule, the
+    library's own construction, unit letter, unit)``, ``table`` the claim id up to its width) and, given
+    ``library``, what the library's own construction gives."""
+    rule, other, letter, unit = how[claim.split("-w")[0].split("-avg")[0]]
+    extra = "" if library is None else f"; {other} gives {library / unit:.3g}{letter}"
+    return f"{card.register.claim(claim).statement} — computed with {rule}{extra}"
