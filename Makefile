@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 SUBFL_DATA_ROOT ?= $(if $(wildcard ../shared/data/PROVENANCE.md),$(abspath ../shared/data),$(CURDIR)/data)
 export SUBFL_DATA_ROOT
 
-.PHONY: setup book site test status fmnist
+.PHONY: setup book site test status fmnist chromium
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -21,7 +21,13 @@ fmnist:
 	  if [ "$$(id -u)" = 0 ]; then (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) >/dev/null; \
 	  else echo "note: 'sudo apt-get install dataset-fashion-mnist' provides Fashion-MNIST offline"; fi; fi
 
-setup: $(VENV)/.installed fmnist
+# The browser check of the site (tests/book/test_browser.py, python -m subfl_book.browser) drives Debian's chromium.
+chromium:
+	@if ! command -v chromium >/dev/null && [ -z "$$SUBFL_CHROMIUM" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null; \
+	  else echo "note: 'sudo apt-get install chromium' lets the browser check of the site run"; fi; fi
+
+setup: $(VENV)/.installed fmnist chromium
 
 book: setup
 	$(VENV)/bin/subfl-book --scale cpu

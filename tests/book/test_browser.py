@@ -1,0 +1,110 @@
+"""The built site in a real browser: headless Chromium at 1280 px finds no violation beyond the committed baseline.
+
+The site is always built afresh into a temporary folder (``jupyter-book build`` of the sources as they are, about
+20 s here) rather than reusing ``_build/html``: a fresh build can never be stale, carries no leftover pages of
+removed sources, and does not write into the ``_build`` folder others read.  To check a site that is already
+built (say right after ``make site``), point ``SUBFL_BOOK_SITE`` at its ``html`` folder.
+
+``browser_baseline.json`` lists the violations of today (``python -m subfl_book.browser --site _build/html
+--baseline --json tests/book/browser_baseline.json`` after ``make site``).  The test fails on a violation that is
+not listed (a regression) and on a listed one that no longer occurs, so the list shrinks as pages are fixed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from subfl_book import browser
+
+ROOT = Path(__file__).resolve().parents[2]
+BASELINE = Path(__file__).with_name("browser_baseline.json")
+REGENERATE = ("make site && .venv/bin/python -m subfl_book.browser --site _build/html --baseline "
+              "--json tests/book/browser_baseline.json")
+
+needs_chromium = pytest.mark.skipif(browser.find_chromium() is None,
+                                    reason="Chromium not found: install Debian's `chromium` (make setup as root) "
+                                           "or set SUBFL_CHROMIUM to a Chromium binary")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    given = os.environ.get("SUBFL_BOOK_SITE")
+    if given:
+        return Path(given)
+    exe = Path(sys.executable).with_name("jupyter-book")
+    if not exe.exists() and shutil.which("jupyter-book") is None:
+        pytest.skip("jupyter-book is not installed")
+    out = tmp_path_factory.mktemp("site")
+    cmd = [str(exe) if exe.exists() else "jupyter-book", "build", str(ROOT), "--path-output", str(out), "--keep-going"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    html = out / "_build" / "html"
+    assert (html / "index.html").exists(), res.stdout[-3000:] + res.stderr[-3000:]
+    return html
+
+
+def _page(body: str, head: str = "") -> str:
+    return (f"<!doctype html><html><head><meta charset='utf-8'>{head}<style>body{{margin:0}}"
+            f"article.bd-article{{width:752px;margin-left:200px}} pre{{overflow-x:auto}}"
+            f".wrap{{overflow-x:auto}}</style></head><body><main id='main-content'>"
+            f"<article class='bd-article'>{body}</article></main></body></html>")
+
+
+@needs_chromium
+def test_checker_finds_each_kind_of_violation(tmp_path):
+    """A two-page site with one known instance of each problem, and the same things done right."""
+    png = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+                        "1f15c4890000000d49444154789c6360f8cf000000030101001bb6ee560000000049454e44ae426082")
+    (tmp_path / "dot.png").write_bytes(png)
+    (tmp_path / "other.html").write_text(_page("<section id='there'><p>x</p></section>"))
+    wide = "x" * 400
+    (tmp_path / "index.html").write_text(_page(f"""
+      <section id="good">
+        <figure><img src="dot.png" alt="A dot" style="width:100px"><figcaption>Figure 1: a dot.</figcaption></figure>
+        <p>Rendered math <span class="math">\\(\\frac{{a}}{{b}}\\)</span>, code <code>x_{{i}}</code>, a
+           <a href="other.html#there">good link</a>, <a href="#good">here</a>,
+           <a href="https://example.org">web</a>.</p>
+        <pre>short</pre>
+      </section>
+      <section id="bad">
+        <div class="cell"><div class="cell_output"><img src="dot.png" alt="dot.png" style="width:900px"></div></div>
+        <img src="dot.png" alt="fine" style="width:700px" width="700">
+        <img src="missing.png" alt="gone">
+        <div class="wrap"><table><tr><td style="white-space:nowrap">{wide} {wide}</td></tr></table></div>
+        <pre>{wide}</pre>
+        <p>Raw $x^2$ and \\frac{{1}}{{2}} and sum_{{k>t}}, <a href="nowhere.html">dead</a>,
+           <a href="other.html#nothere">no anchor</a>.</p>
+        <div class="cell_output"><pre>&lt;matplotlib.lines.Line2D at 0x7f00deadbeef&gt;</pre></div>
+      </section>"""))
+    report = browser.check_site(tmp_path, pages=[tmp_path / "index.html"])
+    got = report["pages"]["index.html"]["violations"]
+    assert got.get("figure_overflow") == ["figure 1 in #bad"]
+    assert got.get("figure_no_alt") == ["figure 1 in #bad"]
+    assert got.get("figure_no_caption") == ["figure 1 in #bad", "figure 2 in #bad", "figure 3 in #bad"]
+    assert got.get("table_overflow") == ["table 1 in #bad"]
+    assert got.get("code_overflow") == ["code 1 in #bad"]
+    assert sorted(got.get("broken_link", [])) == ["anchor other.html#nothere", "image missing.png",
+                                                  "link nowhere.html", "resource missing.png"]
+    latex = got.get("raw_latex", [])
+    assert [x.split(" in ")[0] for x in latex] == ["$x^2$", "\\frac", "_{k>t}"] and all("#bad" in x for x in latex)
+    assert got.get("repr") == ["<matplotlib.lines.Line2D at 0x…> in #bad"]
+    assert "figure_shrunk" not in got
+
+
+@needs_chromium
+def test_site_has_no_violation_beyond_the_baseline(site):
+    report = browser.check_site(site)
+    base = json.loads(BASELINE.read_text())
+    expected = browser.violations({"pages": {p: {"violations": v} for p, v in base["pages"].items()}})
+    found = browser.violations(report)
+    new = sorted((found - expected).elements())
+    gone = sorted((expected - found).elements())
+    lines = [f"  new:  {p}: {c}: {i}" for p, c, i in new] + [f"  gone: {p}: {c}: {i}" for p, c, i in gone]
+    assert not lines, ("the browser check differs from tests/book/browser_baseline.json -- fix the new violations; "
+                       f"for gone ones, shrink the baseline ({REGENERATE}):\n" + "\n".join(lines[:80])
+                       + (f"\n  ... {len(lines) - 80} more" if len(lines) > 80 else ""))
