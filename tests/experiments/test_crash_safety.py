@@ -45,7 +45,7 @@ DRIVER = textwrap.dedent('''
         return handle
 
     def save(obj, f, *args, **kwargs):
-        if reached():
+        if isinstance(f, (str, os.PathLike)) and reached():  # a write into a buffer is not a file write
             with real_open(f, "wb") as handle:
                 handle.write(b"PK\\3\\4half")
             os._exit(137)
@@ -63,8 +63,14 @@ DRIVER = textwrap.dedent('''
 
     builtins.open, io.open, torch.save, os.replace, os.rename = open_, open_, save, replace, rename
     from subfl.experiments import make_config, run_experiment
-    result = run_experiment(make_config(**json.loads(os.environ["CRASH_CONFIG"])), out_dir, cache=cache)
-    print(json.dumps({"writes": count[0], "from_cache": result.from_cache}))
+    config = make_config(**json.loads(os.environ["CRASH_CONFIG"]))
+    if os.environ.get("CRASH_API") == "store":  # the book's run store (subfl_book.store), weights kept
+        from subfl_book.store import run_experiment as stored_run
+        stored_run(config, keep_state=True)
+        print(json.dumps({"writes": count[0], "from_cache": False}))
+    else:
+        result = run_experiment(config, out_dir, cache=cache)
+        print(json.dumps({"writes": count[0], "from_cache": result.from_cache}))
 ''')
 
 
@@ -73,9 +79,9 @@ def _child(kill_at: int, out_dir: Path | None, cache: bool, env: dict[str, str])
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _env(cache_dir: Path) -> dict[str, str]:
+def _env(cache_dir: Path, **extra: str) -> dict[str, str]:
     return {**os.environ, "SUBFL_CACHE_DIR": str(cache_dir), "CRASH_CONFIG": json.dumps(CONFIG),
-            "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+            "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", **extra}
 
 
 def _fingerprint(result) -> tuple:
@@ -138,3 +144,34 @@ def test_a_half_copied_cache_entry_of_an_earlier_version_is_computed_again(tmp_p
     again = run_experiment(config, tmp_path / "again", cache=True)
     assert not again.from_cache and _fingerprint(again) == _fingerprint(clean)
     assert run_experiment(config, tmp_path / "third", cache=True).from_cache
+
+
+@pytest.mark.slow
+def test_the_book_store_survives_a_kill_at_any_write(tmp_path, monkeypatch):
+    """The book's run store (``subfl_book.store.run_experiment`` with its weights kept): computed in a work folder,
+    then a record and a state file written under temporary names and renamed. A kill at any write leaves either
+    nothing or a complete entry; the next call returns the clean run's record and weights."""
+    from subfl_book import store
+
+    def stored(root: Path):
+        monkeypatch.setenv("SUBFL_STORE_DIR", str(root / "store"))
+        monkeypatch.setenv("SUBFL_WORK_DIR", str(root / "work"))
+        monkeypatch.setenv("SUBFL_CACHE_DIR", str(root / "cache"))
+        return store.run_experiment(make_config(**CONFIG), keep_state=True)
+
+    clean = _fingerprint(stored(tmp_path / "clean"))
+    kill_at, finished = 0, False
+    while not finished:
+        kill_at += 1
+        assert kill_at < 80, "the run makes more writes than expected"
+        root = tmp_path / f"k{kill_at}"
+        env = _env(root / "cache", CRASH_API="store", SUBFL_STORE_DIR=str(root / "store"),
+                   SUBFL_WORK_DIR=str(root / "work"))
+        done = _child(kill_at, None, True, env)
+        stdout, stderr = done.communicate(timeout=300)
+        if done.returncode == 0:
+            finished = json.loads(stdout.splitlines()[-1])["writes"] < kill_at
+            continue
+        assert done.returncode == 137, stderr
+        assert _fingerprint(stored(root)) == clean, f"killed at write {kill_at}: the store returned another result"
+    assert kill_at > 10
