@@ -1,5 +1,6 @@
 """Helpers of the PriSM chapter (notebooks/prism): per-seed accuracies and drops, kernel coverage, the scorecard
-rows the pages share, and the seeded model factory of the memory-efficient page's numerical checks.
+rows the pages share, the seeded model factory of the memory-efficient page's numerical checks, and the costs page's
+comparison of Table 1's PriSM block with the narrowed sub-model (:mod:`subfl.costs.narrow_submodel`).
 
 Niu et al., "Overcoming Resource Constraints in Federated Learning: Large Models Can Be Trained with only Weak
 Clients" (TMLR 2023); the heterogeneous page also scores Korzhenkov & Louizos, "On Sampling Strategies for Spectral
@@ -88,3 +89,119 @@ def seeded_model_fn(config: ExperimentConfig, *, seed: int = 0, num_classes: int
 
     model_fn.width = config.width
     return model_fn
+
+
+# --------------------------------------------------------------------------------------------------
+# the costs page: Table 1's PriSM block against the narrowed sub-model (subfl.costs.narrow_submodel)
+# --------------------------------------------------------------------------------------------------
+def table1_column(keep_ratio: float | None) -> str:
+    """The register's column label of a keep ratio in Table 1 (``"full"``, ``"0.8x"``, ...)."""
+    return "full" if keep_ratio is None else f"{keep_ratio:g}x"
+
+
+def _paper_pair(register, block: str, metric: str, keep_ratio: float | None) -> tuple[float, float]:
+    """Table 1's printed (absolute, % of full) for one cell; the full column is (value, 100)."""
+    value = register.claim(f"t1-{block}-{metric}-{table1_column(keep_ratio)}").value
+    return (float(value[0]), float(value[1])) if isinstance(value, list) else (float(value), 100.0)
+
+
+def table1_prism_comparison(register, keep_ratios: Sequence[float], *, narrow: Mapping[float | None, Mapping],
+                            unrounded: Mapping[float | None, Mapping], plain: Mapping[float | None, Mapping],
+                            narrow_memory: Mapping[float | None, float], plain_memory: Mapping[float | None, float],
+                            batch_size: int):
+    """Table 1's PriSM and OrthDrop rows beside our narrowed sub-model and the library's plain sub-model.
+
+    ``narrow`` / ``plain``: per keep ratio (``None``: the dense model) the analytic costs of the full-width
+    ResNet-18 (:func:`subfl.costs.narrow_submodel.narrow_analytic_costs` with ``r = ⌈p·N⌉``,
+    :func:`subfl.costs.submodels.analytic_costs`); ``unrounded``: the narrowed sub-model's costs with
+    ``r = p·N`` unrounded; ``*_memory``: activation memory relative to the dense model (this run's width and
+    batch). Parameters in M, MACs in G at a batch of ``batch_size`` (per-sample MACs × ``batch_size``), each
+    with its % of the dense model. Returns one row per (metric, keep ratio).
+    """
+    import pandas as pd
+
+    dense_n, dense_u, dense_p = narrow[None], unrounded[None], plain[None]
+    rows = []
+    for r in [None, *keep_ratios]:
+        label = "Full" if r is None else f"{r:g}×"
+        prism = {m: _paper_pair(register, "prism", m, r) for m in ("params", "macs", "mem")}
+        orth = {m: _paper_pair(register, "orthdrop", m, r) for m in ("params", "macs", "mem")}
+        rows.append({"metric": "params (M)", "Table 1": label, "paper PriSM": prism["params"][0],
+                     "ours: narrow, all layers": narrow[r]["params"] / 1e6,
+                     "ours: narrow, decomposed layers, r = p·N": unrounded[r]["params_decomposed"] / 1e6,
+                     "library plain sub-model": plain[r]["params"] / 1e6, "paper OrthDrop": orth["params"][0]})
+        rows.append({"metric": "params (% of full)", "Table 1": label, "paper PriSM": prism["params"][1],
+                     "ours: narrow, all layers": 100 * narrow[r]["params"] / dense_n["params"],
+                     "ours: narrow, decomposed layers, r = p·N":
+                         100 * unrounded[r]["params_decomposed"] / dense_u["params_decomposed"],
+                     "library plain sub-model": 100 * plain[r]["params"] / dense_p["params"],
+                     "paper OrthDrop": orth["params"][1]})
+        rows.append({"metric": f"G MACs (batch {batch_size})", "Table 1": label, "paper PriSM": prism["macs"][0],
+                     "ours: narrow, all layers": narrow[r]["macs"] * batch_size / 1e9,
+                     "ours: narrow, decomposed layers, r = p·N": unrounded[r]["macs_decomposed"] * batch_size / 1e9,
+                     "library plain sub-model": plain[r]["macs"] * batch_size / 1e9,
+                     "paper OrthDrop": orth["macs"][0]})
+        rows.append({"metric": "MACs (% of full)", "Table 1": label, "paper PriSM": prism["macs"][1],
+                     "ours: narrow, all layers": 100 * narrow[r]["macs"] / dense_n["macs"],
+                     "ours: narrow, decomposed layers, r = p·N":
+                         100 * unrounded[r]["macs_decomposed"] / dense_u["macs_decomposed"],
+                     "library plain sub-model": 100 * plain[r]["macs"] / dense_p["macs"],
+                     "paper OrthDrop": orth["macs"][1]})
+        rows.append({"metric": "activation memory (% of full)", "Table 1": label, "paper PriSM": prism["mem"][1],
+                     "ours: narrow, all layers": 100 * narrow_memory[r],
+                     "ours: narrow, decomposed layers, r = p·N": float("nan"),
+                     "library plain sub-model": 100 * plain_memory[r], "paper OrthDrop": orth["mem"][1]})
+    order = ["params (M)", "params (% of full)", f"G MACs (batch {batch_size})", "MACs (% of full)",
+             "activation memory (% of full)"]
+    table = pd.DataFrame(rows)
+    table["metric"] = pd.Categorical(table["metric"], categories=order, ordered=True)
+    return table.sort_values(["metric"], kind="stable").set_index(["metric", "Table 1"])
+
+
+def score_table1_prism(card: Scorecard, keep_ratios: Sequence[float], *, narrow: Mapping[float | None, Mapping],
+                       unrounded: Mapping[float | None, Mapping], plain: Mapping[float | None, Mapping],
+                       narrow_memory: Mapping[float | None, float], plain_memory: Mapping[float | None, float],
+                       batch_size: int, width: float, batch: int) -> None:
+    """Scores Table 1's PriSM block (0.8×–0.2×) against the narrowed sub-model
+    (:mod:`subfl.costs.narrow_submodel`).
+
+    Arguments as for :func:`table1_prism_comparison`. Parameters: the decomposed layers with ``r = p·N``
+    unrounded (Sec. 4.2), the count that reproduces the printed column (the full model's decomposed layers hold
+    10.99 M); MACs: the built sub-model's convolutions and classifier (``r = ⌈p·N⌉``) per sample × ``batch_size``
+    and as % of the dense model; activation memory: % of the dense model's (width ``width``, batch ``batch``).
+    Also Table 1's caption at the smallest keep ratio, Sec. 4.2's ordering against the plain (FedHM-shaped)
+    sub-model at every keep ratio, and Sec. 1's "about 5 %" on the built 0.2× sub-model's parameters.
+    """
+    dense_n, dense_u = narrow[None], unrounded[None]
+    for r in keep_ratios:
+        column = table1_column(r)
+        card.exact(f"t1-prism-params-{column}", unrounded[r]["params_decomposed"] / 1e6, index=0,
+                   note=f"PriSM {r:g}×: parameters (M) of the narrowed sub-model's decomposed layers (Conv_V, "
+                        f"Conv_U), r = {r:g}·N unrounded")
+        card.exact(f"t1-prism-params-{column}", 100 * unrounded[r]["params_decomposed"] / dense_u["params_decomposed"],
+                   index=1, note=f"PriSM {r:g}×: the same, % of the dense model's decomposed layers (10.99 M)")
+        card.exact(f"t1-prism-macs-{column}", narrow[r]["macs"] * batch_size / 1e9, index=0,
+                   note=f"PriSM {r:g}×: G MACs of the narrowed sub-model (r = ⌈{r:g}·N⌉, 32×32 inputs), "
+                        f"per-sample MACs × {batch_size}")
+        card.exact(f"t1-prism-macs-{column}", 100 * narrow[r]["macs"] / dense_n["macs"], index=1,
+                   note=f"PriSM {r:g}×: MACs of the narrowed sub-model, % of the dense model")
+        card.exact(f"t1-prism-mem-{column}", 100 * narrow_memory[r], index=1,
+                   note=f"PriSM {r:g}×: activation memory of one training step of the narrowed sub-model, % of the "
+                        f"dense model's (width {width:g}, batch {batch})")
+    small = min(keep_ratios)
+    for what, ratio in (("parameters", narrow[small]["params"] / dense_n["params"]),
+                        ("MACs", narrow[small]["macs"] / dense_n["macs"]),
+                        ("activation memory", narrow_memory[small])):
+        card.bound("t1-caption-prism-cuts-all-costs", ratio, at_most=True, limit=1.0, analytic=True,
+                   note=f"{what} of the narrowed {small:g}× sub-model / the dense model's (below 1: a cut)")
+    for r in keep_ratios:
+        for what, ours, theirs in (("parameters", narrow[r]["params"], plain[r]["params"]),
+                                   ("MACs per sample", narrow[r]["macs"], plain[r]["macs"]),
+                                   ("activation memory (relative to dense)", narrow_memory[r], plain_memory[r])):
+            card.stated_order("sec4.2-prism-cheaper-than-fedhm", float(ours), float(theirs), analytic=True,
+                              higher_is_better=False,
+                              what=f"{what}: narrowed vs plain (FedHM-shaped) {r:g}× ResNet-18 sub-model")
+    if 0.2 in narrow:
+        card.exact("sec1-r0.2-is-5pct-of-model", 100 * narrow[0.2]["params"] / dense_n["params"],
+                   note="parameters of the narrowed 0.2× sub-model (every layer, r = ⌈0.2·N⌉), % of the dense "
+                        "model")
