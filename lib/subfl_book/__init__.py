@@ -6,8 +6,10 @@ recorded in the repository), the page pipeline and plots. It imports :mod:`subfl
 from subfl.experiments import default_scale, final_table, history_frame, make_config
 
 from .store import run_experiment, run_seeds
+from .figures import install as _install_figures
 from .tables import install as _install_tables
 
 _install_tables()  # in a notebook: frames shown without their default row numbers, missing values as "—"
+_install_figures()  # the book's figure style; in a notebook: SVG figures that fit the content column (figures.py)
 
 __all__ = ["default_scale", "final_table", "history_frame", "make_config", "run_experiment", "run_seeds"]

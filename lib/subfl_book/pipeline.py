@@ -110,6 +110,10 @@ def page_fingerprint(source: Path, parameters: dict[str, Any]) -> str:
     return _digest(_notebook_blob(source, parameters))
 
 
+DISPLAY_KEY = "mystnb"
+"""Cell metadata MyST-NB reads to show a cell's outputs (``figure``: caption and name, ``image``: alt text)."""
+
+
 def _page_cells(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """An executed copy's cells without what the pipeline added (papermill's injected parameters, the run card):
     the source notebook's cells, in its order."""
@@ -121,17 +125,28 @@ def _code_of(cells: list[dict[str, Any]]) -> list[str]:
     return ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
 
 
+def _display_of(cells: list[dict[str, Any]]) -> list[Any]:
+    """The ``mystnb`` metadata of each code cell (a figure's caption, name and alt text; ``None`` when absent)."""
+    return [c.get("metadata", {}).get(DISPLAY_KEY) for c in cells if c["cell_type"] == "code"]
+
+
 def prose_differs(source: Path, executed: dict[str, Any]) -> bool:
-    """Whether the executed copy (its notebook JSON) shows other text than ``source`` in its markdown cells while
-    running the same code: :func:`sync_prose` brings the text over without executing anything."""
-    ours = [(c["cell_type"], "".join(c["source"])) for c in _page_cells(executed.get("cells", []))]
-    return ours != _notebook_cells(source)
+    """Whether the executed copy (its notebook JSON) shows other text than ``source`` in its markdown cells, or
+    other captions and alt text (code cells' ``mystnb`` metadata), while running the same code: :func:`sync_prose`
+    brings them over without executing anything."""
+    body = _page_cells(executed.get("cells", []))
+    ours = [(c["cell_type"], "".join(c["source"])) for c in body]
+    if ours != _notebook_cells(source):
+        return True
+    return _display_of(body) != _display_of(json.loads(source.read_text())["cells"])
 
 
 def sync_prose(source: Path, root: Path | None = None) -> bool:
     """Copy the markdown of ``source`` into its executed copy, whose code cells must be the source's, one for one
-    (``ValueError`` otherwise: that page needs executing). Prose does not change what a page computes, so a fix to
-    a page's text, math or citations reaches the book without re-running anything. Returns whether it changed."""
+    (``ValueError`` otherwise: that page needs executing), and each code cell's ``mystnb`` metadata (how MyST-NB
+    shows its outputs: a figure's caption, name and alt text). Neither changes what a page computes, so a fix to a
+    page's text, math, citations or captions reaches the book without re-running anything. Returns whether it
+    changed."""
     import nbformat
 
     root = project_root() if root is None else root
@@ -144,6 +159,13 @@ def sync_prose(source: Path, root: Path | None = None) -> bool:
     for executed_cell, source_cell in zip(body, theirs):
         if executed_cell.cell_type != "code" and executed_cell.source != source_cell.source:
             executed_cell.source, changed = source_cell.source, True
+        if executed_cell.cell_type == "code" and \
+                executed_cell.metadata.get(DISPLAY_KEY) != source_cell.metadata.get(DISPLAY_KEY):
+            if DISPLAY_KEY in source_cell.metadata:
+                executed_cell.metadata[DISPLAY_KEY] = source_cell.metadata[DISPLAY_KEY]
+            else:
+                del executed_cell.metadata[DISPLAY_KEY]
+            changed = True
     if changed:
         meta = nb.metadata["subfl"]
         meta["notebook_fingerprint"] = page_fingerprint(source, meta["parameters"])

@@ -1,4 +1,7 @@
-"""Figures shared by the chapters (matplotlib; every function draws on an Axes it is given or creates)."""
+"""Figures shared by the chapters (matplotlib; every function draws on an Axes it is given or creates).
+
+Sizes, fonts and colours follow the book's style (:mod:`subfl_book.figures`): lines of a known method are drawn
+in its colour (:func:`subfl_book.figures.method_color`) unless a colour is given."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -6,6 +9,8 @@ from collections.abc import Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+
+from .figures import method_color
 
 
 def label_distribution(hist: np.ndarray, ax=None, title: str = "", class_names: Sequence[str] | None = None,
@@ -21,12 +26,11 @@ def label_distribution(hist: np.ndarray, ax=None, title: str = "", class_names: 
         label = class_names[c] if class_names is not None else None
         ax.barh(clients, hist[:, c], left=left, color=colors[c], height=0.85, label=label)
         left += hist[:, c]
-    ax.set_yticks(clients)
-    ax.set_yticklabels([str(i) for i in clients], fontsize=7)
+    ax.set_yticks(clients if len(clients) <= 20 else clients[::max(1, len(clients) // 10)])
     ax.invert_yaxis()
     ax.set_xlabel("samples")
     ax.set_ylabel("client")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title)
     return ax
 
 
@@ -51,7 +55,8 @@ def by_width(table: pd.DataFrame, ax=None, label_field: str = "method", value: s
     for name, sub in table.groupby(label_field, sort=False):
         sub = sub.sort_values("width")
         err = sub[error].fillna(0) if error in sub else None
-        ax.errorbar(sub["width"], sub[value], yerr=err, marker="o", capsize=3, label=str(name), **kwargs)
+        style = {"color": method_color(str(name))} if label_field == "method" and "color" not in kwargs else {}
+        ax.errorbar(sub["width"], sub[value], yerr=err, marker="o", capsize=3, label=str(name), **style, **kwargs)
     if reference is not None:
         ax.axhline(reference, color="0.4", linestyle="--", linewidth=1, label=reference_label)
     ax.set_xlabel("sub-model width p")

@@ -240,6 +240,36 @@ def test_prose_is_not_synced_into_a_copy_that_runs_other_code(executed_root):
     assert book.sync_all_prose(root=executed_root) == []  # skipped: its execution brings the prose
 
 
+def test_captions_and_alt_text_are_synced_into_the_executed_copy_without_executing(tmp_path):
+    import nbformat
+    source = _notebook(tmp_path / "notebooks" / "ch" / "c.ipynb", "plot()")
+    copy = nbformat.read(source, as_version=4)
+    copy.cells.insert(1, nbformat.v4.new_markdown_cell("card", metadata={"tags": [book.RUN_CARD_TAG]}))
+    copy.cells[3].metadata["tags"] = ["hide-input"]
+    copy.cells[3].outputs = [nbformat.v4.new_output("display_data", data={"image/svg+xml": "<svg/>"})]
+    copy.metadata["subfl"] = {"parameters": {"scale": "ci"}, "notebook_fingerprint": "old"}
+    book.executed_path(source, tmp_path).parent.mkdir(parents=True)
+    nbformat.write(copy, book.executed_path(source, tmp_path))
+    display = {"figure": {"caption": "Accuracy per round, one line per method.", "name": "fig-c-1"},
+               "image": {"alt": "Line chart of accuracy against round."}}
+    nb = nbformat.read(source, as_version=4)
+    nb.cells[2].metadata["mystnb"] = display
+    nbformat.write(nb, source)
+    executed = json.loads(book.executed_path(source, tmp_path).read_text())
+    assert book.prose_differs(source, executed)
+    assert book.sync_prose(source, tmp_path)
+    synced = nbformat.read(book.executed_path(source, tmp_path), as_version=4)
+    assert synced.cells[3].metadata == {"tags": ["hide-input"], "mystnb": display}
+    assert synced.cells[3].outputs == copy.cells[3].outputs
+    assert synced.cells[2].metadata == {"tags": ["parameters"]}
+    assert not book.prose_differs(source, json.loads(book.executed_path(source, tmp_path).read_text()))
+    assert not book.sync_prose(source, tmp_path)
+    del nb.cells[2].metadata["mystnb"]  # a caption removed from the source goes from the copy too
+    nbformat.write(nb, source)
+    assert book.sync_prose(source, tmp_path)
+    assert nbformat.read(book.executed_path(source, tmp_path), as_version=4).cells[3].metadata == {"tags": ["hide-input"]}
+
+
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.relative_to(ROOT / "notebooks").as_posix())
 def test_every_executed_copy_that_runs_its_sources_code_shows_its_sources_prose(source):
     executed = json.loads(book.executed_path(source, ROOT).read_text())

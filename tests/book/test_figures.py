@@ -1,0 +1,90 @@
+"""The book's figure style (subfl_book.figures): column-fitting sizes, legible text, one colour per method."""
+import io
+
+import matplotlib
+
+matplotlib.use("agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
+
+from subfl.methods import METHODS  # noqa: E402
+from subfl_book import figures  # noqa: E402
+from subfl_book.catalog import SPECTRAL_METHODS  # noqa: E402
+
+
+def test_the_default_figure_fits_the_column_with_legible_text():
+    figures.apply_style()
+    rc = matplotlib.rcParams
+    assert rc["figure.figsize"][0] <= figures.COLUMN_IN
+    assert figures.COLUMN_IN * 96 <= figures.COLUMN_PX  # SVG: 96 CSS px per inch, shown at 1:1
+    for key in ("font.size", "axes.titlesize", "axes.labelsize", "xtick.labelsize", "ytick.labelsize",
+                "legend.fontsize", "figure.titlesize"):
+        assert matplotlib.font_manager.FontProperties(size=rc[key]).get_size_in_points() >= figures.MIN_FONT_PT
+
+
+def test_every_method_has_a_colour_and_variants_share_their_base_methods():
+    assert set(figures.METHOD_COLORS) >= {"fedavg", "prism", "topn", "unbiased", "collective", "heterofl", "fjord",
+                                          "fedrolex", "flanc", "lowerb", "opu2", "opu3", "caff", "hetlora", "fedhm",
+                                          "depthfl", "splitmix"}
+    for name in METHODS:
+        assert figures.method_color(name).startswith("#")
+    assert figures.method_color("unbiased+cliplr") == figures.method_color("unbiased")
+    assert figures.method_color("fjord-ft") == figures.method_color("fjord")
+    assert figures.method_color("HeteroFL") == figures.method_color("heterofl")
+    assert figures.method_color("FedAvg (full model)") == figures.method_color("fedavg")
+    assert figures.method_color("something new") == figures.method_color("something new")
+
+
+@pytest.mark.parametrize("group", [
+    list(SPECTRAL_METHODS),
+    ["fedavg", "heterofl", "fjord", "fedrolex", "flanc"],
+    ["fedavg", "caff", "hetlora", "fedhm", "depthfl", "heterofl", "fjord", "fedrolex"],
+    ["fedavg", "fedp3", "lowerb", "opu2", "opu3", "opu123", "opu23"],
+    ["fedavg", "topn", "prism", "origdrop", "splitmix", "unbiased", "collective"],
+])
+def test_methods_that_share_a_figure_have_distinct_colours(group):
+    assert len(set(figures.method_colors(group).values())) == len(group)
+
+
+def _saved_width(fig):
+    buf = io.BytesIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    head = buf.getvalue()[:2000].decode()
+    return float(head.split('width="')[1].split("pt")[0]) / 72
+
+
+def test_a_figure_wider_than_the_column_is_narrowed_with_its_text_kept_legible():
+    figures.apply_style()
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8), constrained_layout=True)
+    for ax in axes:
+        ax.plot([0, 1], [0, 1], label="prism")
+        ax.set_title("a panel", fontsize=7)
+        ax.tick_params(labelsize=6)
+        ax.legend(fontsize=7)
+    assert figures.fit_to_column(fig)
+    assert _saved_width(fig) <= figures.COLUMN_IN + 0.01
+    sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_text()]
+    sizes += [t.get_fontsize() for ax in axes for t in ax.get_xticklabels() + ax.get_yticklabels()]
+    assert min(sizes) >= figures.MIN_FONT_PT
+    plt.close(fig)
+
+
+def test_a_figure_that_fits_keeps_its_size():
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.plot([0, 1])
+    assert not figures.fit_to_column(fig)
+    assert tuple(fig.get_size_inches()) == (6, 3)
+    plt.close(fig)
+
+
+def test_grid_fits_the_column_and_returns_one_axes_per_panel():
+    fig, axes = figures.grid(5, ncols=2, sharey=True)
+    assert len(axes) == 5 and len(fig.axes) == 5
+    assert fig.get_size_inches()[0] <= figures.COLUMN_IN
+    plt.close(fig)
+
+
+def test_install_outside_a_kernel_only_sets_the_style():
+    assert figures.install() is False
+    assert matplotlib.rcParams["svg.fonttype"] == "path"
