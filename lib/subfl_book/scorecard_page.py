@@ -27,6 +27,9 @@ number of ``same``."""
 
 MARKERS = ("<!-- scorecard-counts:start -->", "<!-- scorecard-counts:end -->")
 
+PAGE_MARKERS = ("<!-- chapter-scorecard:start -->", "<!-- chapter-scorecard:end -->")
+"""Where a chapter's index page holds its generated table of pages and their verdicts."""
+
 
 @dataclass(frozen=True)
 class ClaimStatus:
@@ -169,12 +172,38 @@ def counts_block(root: Path) -> str:
     return f"{MARKERS[0]}\n{table}\n{MARKERS[1]}"
 
 
-def replace_block(text: str, block: str, where: str) -> str:
-    start, end = (re.escape(m) for m in MARKERS)
+def replace_block(text: str, block: str, where: str, markers: tuple[str, str] = MARKERS) -> str:
+    start, end = (re.escape(m) for m in markers)
     pattern = re.compile(f"{start}.*?{end}", re.S)
     if not pattern.search(text):
-        raise ValueError(f"{where} has no {MARKERS[0]} … {MARKERS[1]} block to fill")
+        raise ValueError(f"{where} has no {markers[0]} … {markers[1]} block to fill")
     return pattern.sub(lambda _: block, text, count=1)
+
+
+def _toc_pages(root: Path, chapter: str) -> list[str]:
+    """The pages of ``chapter`` in the order of ``_toc.yml`` (``book/<chapter>/<page>``, the index left out)."""
+    found = re.findall(rf"file:\s*(book/{re.escape(chapter)}/[\w-]+)", (root / "_toc.yml").read_text())
+    return [f for f in found if not f.endswith("/index")]
+
+
+def chapter_block(root: Path, chapter: str, rows_by_page: dict[str, list[dict]] | None = None) -> str:
+    """A chapter index's table: one row per page with the number of the paper's claims it judges and how many of
+    them get each status there (a claim judged by several rows of the page takes :data:`COMBINE_ORDER`'s first)."""
+    rows_by_page = page_rows(root) if rows_by_page is None else rows_by_page
+    judged = [s for s in STATUSES if s != "not-run"]
+    lines = ["| page | claims judged | " + " | ".join(judged) + " |", "|---|---|" + "---|" * len(judged)]
+    for page in _toc_pages(root, chapter):
+        by_claim: dict[str, set[str]] = {}
+        for row in rows_by_page.get(page, []):
+            by_claim.setdefault(row["claim"], set()).add(row["status"])
+        combined = Counter(next(s for s in COMBINE_ORDER if s in statuses) for statuses in by_claim.values())
+        if not by_claim:
+            lines.append(f"| {{doc}}`{page.rsplit('/', 1)[1]}` | — (awaiting re-execution with its scorecard) |"
+                         + " |" * len(judged))
+            continue
+        lines.append(f"| {{doc}}`{page.rsplit('/', 1)[1]}` | {len(by_claim)} | " + " | ".join(str(combined.get(s, 0)) for s in judged)
+                     + " |")
+    return f"{PAGE_MARKERS[0]}\n" + "\n".join(lines) + f"\n{PAGE_MARKERS[1]}"
 
 
 def targets(root: Path) -> dict[Path, str]:
@@ -184,11 +213,17 @@ def targets(root: Path) -> dict[Path, str]:
     for rel in ("book/intro.md", "README.md"):
         path = root / rel
         out[path] = replace_block(path.read_text(), block, rel)
+    rows_by_page = page_rows(root)
+    for paper in PAPERS:
+        path = root / "book" / paper / "index.md"
+        out[path] = replace_block(path.read_text(), chapter_block(root, paper, rows_by_page), str(path),
+                                  PAGE_MARKERS)
     return out
 
 
 def write(root: Path) -> list[Path]:
-    """Regenerate the Scorecard page and the counts of the intro and README; returns the files that changed."""
+    """Regenerate the Scorecard page, the counts of the intro and README and each chapter index's table of pages;
+    returns the files that changed."""
     changed = []
     for path, text in targets(root).items():
         if not path.exists() or path.read_text() != text:

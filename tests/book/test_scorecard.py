@@ -114,3 +114,15 @@ def test_departures_read_dir_alpha_p_as_the_plain_per_class_alpha():
     assert not any(d.startswith("α") for d in departures(setting, same))
     other = make_config("fedavg", "cifar10", scale="cpu", partition="dirichlet", alpha=1.0)
     assert "α 0.1 → 1" in departures(setting, other)
+
+
+def test_a_chapter_index_table_counts_each_claim_of_a_page_once_with_its_least_favourable_status(tmp_path):
+    from subfl_book.scorecard_page import chapter_block
+
+    (tmp_path / "_toc.yml").write_text("- file: book/prism/index\n  sections:\n  - file: book/prism/costs\n"
+                                       "  - file: book/prism/runtime\n")
+    rows = {"book/prism/costs": [{"claim": "prism:a", "status": "exact"}, {"claim": "prism:a", "status": "differs"},
+                                 {"claim": "prism:b", "status": "same"}, {"claim": "prism:c", "status": "inconclusive"}]}
+    block = chapter_block(tmp_path, "prism", rows).splitlines()
+    assert block[3] == "| {doc}`costs` | 3 | 0 | 1 | 1 | 1 | 0 |"  # exact, same, differs, inconclusive, near-chance
+    assert block[4].startswith("| {doc}`runtime` | — (awaiting")
