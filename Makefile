@@ -11,7 +11,7 @@ export SUBFL_DATA_ROOT
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[book,test]'
+	$(PY) -m pip install --quiet -e '.[book,test,flower]'
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 

@@ -158,9 +158,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, OSError) as err:  # bad input, found before any data is loaded
         print(f"subfl: error: {err}", file=sys.stderr)
         return 2
+    if args.engine == "flower":
+        from .flower import available
+
+        if not available():
+            print("subfl: error: --engine flower needs Flower: pip install 'subfl[flower]'", file=sys.stderr)
+            return 2
+        if args.cache:
+            print("subfl: error: --cache applies to --engine local (the run cache holds in-process runs)",
+                  file=sys.stderr)
+            return 2
     try:
-        result = run_experiment(config, args.out, cache=args.cache, data_root=args.data_root,
-                                progress=None if not args.quiet else False)
+        if args.engine == "flower":
+            from .flower.simulation import run_experiment_flower
+
+            result = run_experiment_flower(config, args.out, data_root=args.data_root)
+        else:
+            result = run_experiment(config, args.out, cache=args.cache, data_root=args.data_root,
+                                    progress=None if not args.quiet else False)
     except KeyboardInterrupt:
         print(f"subfl: interrupted; the same command resumes from the last checkpoint in {args.out}", file=sys.stderr)
         return 130
@@ -200,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data-root", default=None, help="dataset folder (default: $SUBFL_DATA_ROOT or data/)")
     run.add_argument("--cache", action="store_true", help="reuse a finished run with the same run key from this machine's run cache")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--engine", choices=("local", "flower"), default="local",
+                     help="local: the in-process engine; flower: Flower's simulation runtime (extra 'flower')")
     run.set_defaults(func=_cmd_run)
     ls = sub.add_parser("list", help="list methods, datasets, models, partitions and scales")
     ls.set_defaults(func=_cmd_list)
