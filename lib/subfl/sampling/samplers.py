@@ -18,6 +18,8 @@ Designs (references to Tillé, *Sampling Algorithms*, Springer 2006):
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -336,13 +338,7 @@ def sample_brewer(pi: object, rng: np.random.Generator) -> np.ndarray:
     picked = np.empty(size, dtype=np.int64)
     u = rng.random(size)
     for i in range(1, size + 1):
-        rest = float(targets[available].sum())
-        steps_left = size - i + 1
-        with np.errstate(divide="ignore", invalid="ignore"):
-            weight = targets * (rest - targets) / (rest - targets * steps_left)
-        weight = np.where(available & np.isfinite(weight), np.maximum(weight, 0.0), 0.0)
-        if steps_left == 1 or not np.any(weight > 0):
-            weight = np.where(available, targets, 0.0)  # last draw: proportional to pi (limit of the formula)
+        weight = brewer_step_weights(targets, available, size - i + 1)
         cum = np.cumsum(weight)
         k = int(np.searchsorted(cum, u[i - 1] * cum[-1], side="right"))
         k = min(k, candidates.size - 1)
@@ -368,7 +364,32 @@ def sample_min_support(pi: object, rng: np.random.Generator) -> np.ndarray:
     inclusion vector is preserved at every split, hence the marginals are exactly ``pi``.
     """
     _check_rng(rng)
-    _, _, certain, candidates, targets = _split_inclusion(pi)
+    _, _, certain, candidates, _ = _split_inclusion(pi)
+    for alpha, stop in min_support_splits(pi):
+        if alpha >= 1.0 or rng.random() < alpha:  # the last split (alpha = 1) draws nothing
+            return _finish(certain, candidates[stop])
+    raise AssertionError("min_support_splits ends with a split of weight 1")
+
+
+def brewer_step_weights(targets: np.ndarray, available: np.ndarray, steps_left: int) -> np.ndarray:
+    """Brewer's unnormalised weights of the items still ``available`` at a draw with ``steps_left`` draws to go
+    (:func:`sample_brewer`); the last draw, or one where the formula gives no positive weight, is proportional to
+    ``pi`` (the formula's limit)."""
+    rest = float(targets[available].sum())
+    with np.errstate(divide="ignore", invalid="ignore"):
+        weight = targets * (rest - targets) / (rest - targets * steps_left)
+    weight = np.where(available & np.isfinite(weight), np.maximum(weight, 0.0), 0.0)
+    if steps_left == 1 or not np.any(weight > 0):
+        weight = np.where(available, targets, 0.0)
+    return weight
+
+
+def min_support_splits(pi: object) -> Iterator[tuple[float, np.ndarray]]:
+    """The splitting steps of :func:`sample_min_support`: ``(alpha, stop)`` per step, ``stop`` the mask over the
+    non-certain candidates of the sample taken when the step stops (with probability ``alpha`` given that no earlier
+    step stopped); the last step has ``alpha = 1``. The design's law is therefore ``P(stop_k) = alpha_k ·
+    prod_{j<k} (1 - alpha_j)`` (:func:`subfl.sampling.analysis.joint_law` enumerates it)."""
+    _, _, _, _, targets = _split_inclusion(pi)
     q = targets.astype(np.float64).copy()
     active = np.ones(q.size, dtype=bool)
     while True:
@@ -388,9 +409,9 @@ def sample_min_support(pi: object, rng: np.random.Generator) -> np.ndarray:
         high_small = int(small[np.argmax(q[small])])
         from_big, from_small = q[low_big], 1.0 - q[high_small]
         alpha = min(from_big, from_small)
-        if rng.random() < alpha:
-            q[big], q[small] = 1.0, 0.0
-            break
+        stop = q.copy()
+        stop[big], stop[small] = 1.0, 0.0
+        yield float(alpha), stop >= 0.5
         q[big] = (q[big] - alpha) / (1.0 - alpha)
         q[small] = q[small] / (1.0 - alpha)
         # the component(s) that set alpha reach their bound exactly; snap them (guarantees progress)
@@ -401,8 +422,7 @@ def sample_min_support(pi: object, rng: np.random.Generator) -> np.ndarray:
         q[q < _BOUND_TOL] = 0.0
         q[q > 1.0 - _BOUND_TOL] = 1.0
         active = (q > 0.0) & (q < 1.0)
-    chosen = candidates[q >= 0.5]
-    return _finish(certain, chosen)
+    yield 1.0, q >= 0.5
 
 
 # --------------------------------------------------------------------------------------------------
