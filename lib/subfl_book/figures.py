@@ -43,6 +43,8 @@ from typing import Any
 import matplotlib as mpl
 from cycler import cycler
 
+from .tables import kernel_shell
+
 COLUMN_PX = 752
 """Width of the site's content column (sphinx-book-theme at a 1280 px window)."""
 COLUMN_IN = 7.5
@@ -233,11 +235,7 @@ def install() -> bool:
     """Apply :data:`STYLE`; inside an IPython kernel also show figures as SVG through :func:`fit_to_column`
     (re-asserted before every cell, should a page reset the formats). ``False`` outside a kernel."""
     apply_style()
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
+    shell = kernel_shell()
     if shell is None:
         return False
     backend = mpl.rcParams._get("backend")

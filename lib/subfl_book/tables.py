@@ -22,13 +22,18 @@ def frame_html(frame: pd.DataFrame) -> str:
                          show_dimensions=False)
 
 
-def install() -> bool:
-    """Register :func:`frame_html` with the running IPython kernel; ``False`` outside one (nothing changes)."""
+def kernel_shell():
+    """The running IPython shell, or ``None`` outside IPython (the installers below then change nothing)."""
     try:
         from IPython import get_ipython
     except ImportError:
-        return False
-    shell = get_ipython()
+        return None
+    return get_ipython()
+
+
+def install() -> bool:
+    """Register :func:`frame_html` with the running IPython kernel; ``False`` outside one (nothing changes)."""
+    shell = kernel_shell()
     if shell is None:
         return False
     shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, frame_html)

@@ -46,11 +46,21 @@ def test_sampling_distribution_rows_on_known_spectra():
     assert row["softmax: kept share of ‖W‖²"] == pytest.approx(float(pi @ lam**2 / np.sum(lam**2)), rel=1e-12)
 
 
-def test_final_layer_spectra_reads_the_first_run_that_finished():
+def test_final_layer_spectra_reads_the_first_run_that_finished(monkeypatch):
+    import subfl_book.pages.spectral as page
+
     state = {"factors": {"conv2": {"singular_values": np.array([3.0, 1.0], dtype=np.float32)}}}
-    diverged = types.SimpleNamespace(diverged=True)
-    finished = types.SimpleNamespace(diverged=False, state=lambda: state)
+    asked = []
+
+    def stored(config, keep_state):  # the store hands the run back with its weights
+        asked.append((config, keep_state))
+        return types.SimpleNamespace(state=lambda: state)
+
+    monkeypatch.setattr(page, "stored_run", stored)
+    diverged = types.SimpleNamespace(diverged=True, config="a")
+    finished = types.SimpleNamespace(diverged=False, config="b")
     spectra = final_layer_spectra([diverged, finished])
+    assert asked == [("b", True)]
     assert list(spectra) == ["conv2"] and spectra["conv2"].dtype == np.float64
     assert spectra["conv2"].tolist() == [3.0, 1.0]
     assert final_layer_spectra([diverged]) == {}

@@ -20,6 +20,7 @@ from subfl.methods.spectral import term_design
 from subfl.sampling import analysis
 
 from ..spectral_shakespeare import last_evaluations_mean
+from ..store import run_experiment as stored_run
 
 _NAN = float("nan")
 
@@ -157,11 +158,13 @@ PRISM_SAMPLING_TABLE = "PriSM's sampling distribution (PriSM Table 5)"
 
 def final_layer_spectra(results: Iterable[RunResult]) -> dict[str, np.ndarray]:
     """Each decomposed layer's singular values in the final global model of the first run among ``results`` that
-    did not diverge (a spectral run's saved state holds them); ``{}`` if every run diverged."""
+    did not diverge (a spectral run's saved state holds them; the run is read again from the store with its
+    weights, which the store then keeps); ``{}`` if every run diverged."""
     for run in results:
         if not run.diverged:
+            state = stored_run(run.config, keep_state=True).state()
             return {layer: torch.as_tensor(f["singular_values"]).to(torch.float64).numpy()
-                    for layer, f in run.state()["factors"].items()}
+                    for layer, f in state["factors"].items()}
     return {}
 
 
