@@ -347,15 +347,21 @@ def test_softmax_weights_through_prisms_sampler_have_wallenius_marginals():
     exact = wallenius_inclusion(w, n, method="exact")
     assert exact.sum() == pytest.approx(n, abs=1e-9)
     assert np.max(np.abs(wallenius_inclusion(w, n) - exact)) < 0.01
+    _check_numpy_choice_frequencies(w, n, exact, draws=20_000)
+    assert np.max(np.abs(np.minimum(n * w, 1) - exact)) > 0.2
+
+
+def _check_numpy_choice_frequencies(w: np.ndarray, n: int, exact: np.ndarray, draws: int) -> np.ndarray:
+    """Inclusion frequencies of ``draws`` PriSM draws (``rng.choice`` without replacement, seed 0) against the exact
+    marginals: within 4 binomial standard errors, plus 3 / draws for the rare items. Returns the frequencies."""
     rng = np.random.default_rng(0)
-    draws = 20_000
-    counts = np.zeros(lam.size)
+    counts = np.zeros(len(w))
     for _ in range(draws):
         counts[sample_numpy_choice(w, n, rng)] += 1
     freq = counts / draws
     se = np.sqrt(exact * (1 - exact) / draws)
     assert np.all(np.abs(freq - exact) <= 4 * se + 3 / draws)
-    assert np.max(np.abs(np.minimum(n * w, 1) - exact)) > 0.2
+    return freq
 
 
 def successive_sampling_brute_force(w: np.ndarray, n: int) -> np.ndarray:
@@ -392,14 +398,7 @@ def test_wallenius_matches_numpy_choice_monte_carlo():
     assert exact.sum() == pytest.approx(n, abs=1e-9)
     assert fog.sum() == pytest.approx(n, abs=1e-9)
     assert np.max(np.abs(fog - exact)) < 0.025
-    rng = np.random.default_rng(0)
-    draws = 40_000
-    counts = np.zeros(lam.size)
-    for _ in range(draws):
-        counts[sample_numpy_choice(w, n, rng)] += 1
-    freq = counts / draws
-    se = np.sqrt(exact * (1 - exact) / draws)
-    assert np.all(np.abs(freq - exact) <= 4 * se + 3 / draws)
+    freq = _check_numpy_choice_frequencies(w, n, exact, draws=40_000)
     assert np.max(np.abs(freq - np.minimum(n * w, 1))) > 0.1  # the weights are not the marginals
     assert n * w.max() > 1
 

@@ -126,27 +126,18 @@ def table1_prism_comparison(register, keep_ratios: Sequence[float], *, narrow: M
         label = "Full" if r is None else f"{r:g}×"
         prism = {m: _paper_pair(register, "prism", m, r) for m in ("params", "macs", "mem")}
         orth = {m: _paper_pair(register, "orthdrop", m, r) for m in ("params", "macs", "mem")}
-        rows.append({"metric": "params (M)", "Table 1": label, "paper PriSM": prism["params"][0],
-                     "ours: narrow, all layers": narrow[r]["params"] / 1e6,
-                     "ours: narrow, decomposed layers, r = p·N": unrounded[r]["params_decomposed"] / 1e6,
-                     "library plain sub-model": plain[r]["params"] / 1e6, "paper OrthDrop": orth["params"][0]})
-        rows.append({"metric": "params (% of full)", "Table 1": label, "paper PriSM": prism["params"][1],
-                     "ours: narrow, all layers": 100 * narrow[r]["params"] / dense_n["params"],
-                     "ours: narrow, decomposed layers, r = p·N":
-                         100 * unrounded[r]["params_decomposed"] / dense_u["params_decomposed"],
-                     "library plain sub-model": 100 * plain[r]["params"] / dense_p["params"],
-                     "paper OrthDrop": orth["params"][1]})
-        rows.append({"metric": f"G MACs (batch {batch_size})", "Table 1": label, "paper PriSM": prism["macs"][0],
-                     "ours: narrow, all layers": narrow[r]["macs"] * batch_size / 1e9,
-                     "ours: narrow, decomposed layers, r = p·N": unrounded[r]["macs_decomposed"] * batch_size / 1e9,
-                     "library plain sub-model": plain[r]["macs"] * batch_size / 1e9,
-                     "paper OrthDrop": orth["macs"][0]})
-        rows.append({"metric": "MACs (% of full)", "Table 1": label, "paper PriSM": prism["macs"][1],
-                     "ours: narrow, all layers": 100 * narrow[r]["macs"] / dense_n["macs"],
-                     "ours: narrow, decomposed layers, r = p·N":
-                         100 * unrounded[r]["macs_decomposed"] / dense_u["macs_decomposed"],
-                     "library plain sub-model": 100 * plain[r]["macs"] / dense_p["macs"],
-                     "paper OrthDrop": orth["macs"][1]})
+        for key, name, unit, absolute in (("params", "params (M)", "params", lambda v: v / 1e6),
+                                          ("macs", f"G MACs (batch {batch_size})", "MACs",
+                                           lambda v: v * batch_size / 1e9)):
+            rows.append({"metric": name, "Table 1": label, "paper PriSM": prism[key][0],
+                         "ours: narrow, all layers": absolute(narrow[r][key]),
+                         "ours: narrow, decomposed layers, r = p·N": absolute(unrounded[r][f"{key}_decomposed"]),
+                         "library plain sub-model": absolute(plain[r][key]), "paper OrthDrop": orth[key][0]})
+            rows.append({"metric": f"{unit} (% of full)", "Table 1": label, "paper PriSM": prism[key][1],
+                         "ours: narrow, all layers": 100 * narrow[r][key] / dense_n[key],
+                         "ours: narrow, decomposed layers, r = p·N":
+                             100 * unrounded[r][f"{key}_decomposed"] / dense_u[f"{key}_decomposed"],
+                         "library plain sub-model": 100 * plain[r][key] / dense_p[key], "paper OrthDrop": orth[key][1]})
         rows.append({"metric": "activation memory (% of full)", "Table 1": label, "paper PriSM": prism["mem"][1],
                      "ours: narrow, all layers": 100 * narrow_memory[r],
                      "ours: narrow, decomposed layers, r = p·N": float("nan"),
