@@ -22,6 +22,7 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
 from ..fl.method import ClientContext, Method, ServerContext, ServerState
@@ -32,6 +33,15 @@ from .codec import UPDATE_TENSORS, TASK_TENSORS, array_record_bytes, content_to_
 
 DEFAULT_TIMEOUT_S = 600.0
 """How long the server waits for nodes to connect and for one client's reply before giving up."""
+
+
+class NodeUnavailable(RuntimeError):
+    """A SuperNode stopped answering mid-run (Flower's SuperLink missed its heartbeats).
+
+    The run stops at that round: it is not finished with the clients that answered, because the round's aggregate
+    would then depend on which node failed when, and the run would no longer equal its in-process twin. The checkpoint
+    of the last finished round stays in the output folder; restarting the node and running the same app again resumes
+    from it and ends with the history of an uninterrupted run."""
 
 
 class FlowerTransport(Method):
@@ -95,6 +105,11 @@ class FlowerTransport(Method):
                 raise TimeoutError(f"no reply from client {task.client_id}'s node within {self.timeout_s:g} s")
             time.sleep(0.005)
         reply = self._replies.pop(message_id)
+        if reply.has_error() and reply.error.code == ErrorCode.NODE_UNAVAILABLE:
+            partition = int(task.client_id) % self.partitions
+            raise NodeUnavailable(
+                f"round {task.round}: the SuperNode hosting client {task.client_id} (partition-id {partition}, node "
+                f"{self.nodes[partition]}) stopped answering; Flower says: {reply.error.reason}")
         if reply.has_error():
             raise RuntimeError(f"client {task.client_id} failed on its node: {reply.error.reason}")
         self.wire["messages_up"] += 1
@@ -155,9 +170,15 @@ def run_on_grid(grid: Grid, config, out_dir: str | Path, *, data_root: str | Non
     ctx = server_context(config, dataset)
     settings = EngineSettings(rounds=config.rounds, clients_per_round=config.clients_per_round,
                               eval_every=config.eval_every, seed=config.seed, device=config.device)
-    result = run_simulation(method, dataset, parts, config.heterogeneity_setting, ctx, settings, test_data=test,
-                            out_dir=target, fingerprint=key, progress=progress, description=config.label() + " (flower)",
-                            client_test_indices=local_tests)
+    try:
+        result = run_simulation(method, dataset, parts, config.heterogeneity_setting, ctx, settings, test_data=test,
+                                out_dir=target, fingerprint=key, progress=progress,
+                                description=config.label() + " (flower)", client_test_indices=local_tests)
+    except NodeUnavailable as err:
+        kept = target / CHECKPOINT_NAME
+        resume = (f"the checkpoint of the last finished round is kept in {kept}: restart the node and run the same "
+                  "app again to resume from it" if kept.exists() else "no round had finished, so nothing is kept")
+        raise NodeUnavailable(f"{err}. The run stops; {resume}.") from None
     (target / "summary.json").unlink(missing_ok=True)
     result.history.write_csv(target / "history.csv")
     result.ledger.to_frame().to_csv(target / "ledger.csv", index=False)
