@@ -37,7 +37,7 @@ def plan_page(page: Path) -> tuple[list[dict], str | None]:
         return 4 * (theirs.get("method") == config.method) + 2 * (theirs.get("dataset") == config.dataset) \
             + (theirs.get("model") == config.model)
 
-    def planned_run(config, *, data_root=None, progress=None, keep_state=False):
+    def planned_run(config, *, data_root=None, progress=None, keep_state=False, same_environment=False):
         found = store.key_to_read(config, keep_state)
         if found is not None:
             return store.load_record(config, found, store.root_for(config))

@@ -51,8 +51,8 @@ CASES: dict[str, dict[str, Any]] = {
     "flanc": dict(_IMAGE, method="flanc"),
     "flanc/ortho_lambda=0": dict(_IMAGE, method="flanc", method_options={"ortho_lambda": 0.0}),
     **{name: dict(_SPECTRAL, method=name) for name in (
-        "spectral", "topn", "prism", "prism+scaled", "prism+scaled+cliplr", "prism+wallenius",
-        "prism+wallenius+cliplr", "unbiased", "unbiased+cliplr", "collective", "collective+cliplr", "schatten",
+        "spectral", "topn", "topn+scaled", "topn+scaled+cliplr", "prism", "prism+scaled", "prism+scaled+cliplr",
+        "prism+wallenius", "prism+wallenius+cliplr", "unbiased", "unbiased+cliplr", "collective", "collective+cliplr", "schatten",
         "schatten+cliplr", "nosharding")},
     **{f"{name}/tau=1": dict(_SPECTRAL, method=name, method_options={"tau": 1.0})
        for name in ("collective+cliplr", "prism+scaled+cliplr")},
@@ -85,6 +85,7 @@ EQUIVALENT: dict[str, str] = {
     # `/tau=1` cases show that it changes the run once it does.
     "collective+cliplr": "collective",
     "prism+scaled+cliplr": "prism+scaled",
+    "topn+scaled+cliplr": "topn+scaled",
     # With every client at full width (budgets fit everything), HeteroFL's and FedRolex's windows coincide; the
     # `/width=0.5` cases differ.
     "fedrolex-ft": "heterofl-ft",

@@ -141,6 +141,24 @@ def test_topn_picks_the_largest_terms():
     assert np.all(omega == 1.0)
 
 
+def test_topn_scaled_keeps_topn_terms_and_the_layers_frobenius_norm():
+    """Top-n + Scaled (spectral sharding Sec. 4.1): Top-n's n largest terms, each with ω = √(Σλ² / Σ_{i∈S} λ²); for
+    λ = (4, 3, 2, 1) and r = 0.5, S = {0, 1} and ω = √(30 / 25) = 1.0954…; the sub-model keeps ‖W‖_F."""
+    lam = np.array([3.0, 4.0, 1.0, 2.0])
+    idx, omega = term_design("topn+scaled", lam, 0.5).sample(np.random.default_rng(0))
+    assert idx.tolist() == [0, 1]
+    np.testing.assert_allclose(omega, [math.sqrt(30 / 25)] * 2, rtol=1e-15)
+    top_idx, _ = term_design("topn", lam, 0.5).sample(np.random.default_rng(1))
+    assert idx.tolist() == top_idx.tolist()
+    model = Factory("mlp")()
+    f = decompose(model)["layers.3"]
+    idx, omega = term_design("topn+scaled", f.singular_values, 0.2).sample(np.random.default_rng(4))
+    sub = build_submodel(model, {"layers.3": f}, {"layers.3": idx}, {"layers.3": omega})
+    w_sub = factorized_modules(sub)["layers.3"].dense_weight()
+    assert torch.linalg.norm(w_sub).item() == pytest.approx(torch.linalg.norm(model.layers[3].weight).item(), rel=1e-5)
+    assert make_method("topn+scaled+cliplr").cliplr and not make_method("topn+scaled").cliplr
+
+
 def test_collective_wallenius_and_scaled_multipliers():
     c = 4
     d = term_design("collective", LAM, 0.2, clients=c)
@@ -271,7 +289,7 @@ def test_options_are_validated():
         make_method("prism", strategy="topn")
     with pytest.raises(ValueError, match="unknown option"):
         make_method("topn", width=2)
-    assert {"topn", "prism", "prism+scaled", "prism+wallenius", "prism+wallenius+cliplr", "unbiased", "collective",
+    assert {"topn", "topn+scaled", "prism", "prism+scaled", "prism+wallenius", "prism+wallenius+cliplr", "unbiased", "collective",
             "schatten", "nosharding", "unbiased+cliplr", "spectral"} <= set(METHODS)
     assert make_method("unbiased+cliplr", sampler="brewer").cliplr
 

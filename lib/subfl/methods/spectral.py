@@ -54,10 +54,13 @@ Strategies (option ``strategy``; each is also registered as a method name)
 Each strategy draws ``n = ⌈N r⌉`` terms ``S`` and gives each drawn term a multiplier ``ω_i``:
 
 * ``topn`` — the ``n`` largest ``λ`` (FedHM / "OrthDrop"); ``ω = 1``.
+* ``topn+scaled`` — Top-n's terms, with the ``+Scaled`` multiplier below (spectral sharding Sec. 4.1, the *Top-n +
+  Scaled* rows of Tables 1–2).
 * ``prism`` — ``rng.choice(N, n, replace=False, p)`` with ``p_i ∝ λ_i^κ`` (PriSM Eq. (2)); ``κ`` = option
   ``kappa``, by default 4 if ``r ≤ 0.2`` else 2.5; ``ω = 1``. Option ``weighting`` replaces ``p`` by the other
   distribution of PriSM's sampling ablation (below).
-* ``prism+scaled`` — PriSM's draw; ``ω_i = √(Σ_j λ_j² / Σ_{j∈S} λ_j²)`` for every ``i ∈ S``, so that the
+* ``prism+scaled`` — PriSM's draw; ``ω_i = √(Σ_j λ_j² / Σ_{j∈S} λ_j²)`` for every ``i ∈ S`` (spectral sharding
+  Sec. 4.1, *+Scaled*), so that the
   sub-model keeps the Frobenius norm of the layer: ``‖Σ_{i∈S} ω_i λ_i u_i v_iᵀ‖_F = ω √(Σ_{i∈S} λ_i²) = ‖W‖_F``
   (the terms are orthogonal).
 * ``prism+wallenius`` — PriSM's draw; ``ω_i = 1/π_i`` with ``π`` the inclusion probabilities of that sequential
@@ -73,7 +76,7 @@ Each strategy draws ``n = ⌈N r⌉`` terms ``S`` and gives each drawn term a mu
 * ``nosharding`` — every term, ``r = 1`` for every client whatever its profile (the over-parameterised
   factorized model); ``ω = 1``.
 
-``+cliplr`` (``prism+scaled+cliplr``, ``prism+wallenius+cliplr``, ``unbiased+cliplr``, ``collective+cliplr``,
+``+cliplr`` (``topn+scaled+cliplr``, ``prism+scaled+cliplr``, ``prism+wallenius+cliplr``, ``unbiased+cliplr``, ``collective+cliplr``,
 ``schatten+cliplr``): the gradients of ``u'_i`` and ``v'_i`` are multiplied by ``min(1, τ/ω_i)``, ``τ`` =
 option ``tau`` (10). Why: the forward uses ``ω_i u'_i v'_iᵀ``, so both gradients carry a factor ``ω_i`` and the
 term ``ω_i u'_i v'_iᵀ`` moves ``∝ ω_i²`` per step; terms with tiny ``π_i`` (huge ``ω_i``) blow up otherwise
@@ -174,12 +177,12 @@ from ..sampling import (collective_inclusion, cps_design, keep_count, prism_prob
                         unbiased_inclusion, unbiased_weights, wallenius_inclusion)
 from ..fl.method import ClientContext, Method, ServerContext, ServerState, clone_tensors
 
-BASE_STRATEGIES: tuple[str, ...] = ("topn", "prism", "prism+scaled", "prism+wallenius", "unbiased", "collective",
-                                    "schatten", "nosharding")
+BASE_STRATEGIES: tuple[str, ...] = ("topn", "topn+scaled", "prism", "prism+scaled", "prism+wallenius", "unbiased",
+                                    "collective", "schatten", "nosharding")
 """Term-selection strategies (see the module docstring)."""
 
 CLIPLR_SUFFIX = "+cliplr"
-_CLIPPABLE = ("prism+scaled", "prism+wallenius", "unbiased", "collective", "schatten")  # ω can exceed 1
+_CLIPPABLE = ("topn+scaled", "prism+scaled", "prism+wallenius", "unbiased", "collective", "schatten")  # ω can exceed 1
 
 STRATEGIES: tuple[str, ...] = BASE_STRATEGIES + tuple(s + CLIPLR_SUFFIX for s in _CLIPPABLE)
 """Every accepted value of option ``strategy`` (and method name registered by this module)."""
@@ -228,8 +231,8 @@ class TermDesign:
     """How the terms of one layer are drawn for the clients of one keep ratio in one round.
 
     ``pi``: marginal inclusion probabilities (exact, or Fog's approximation of Wallenius' for PriSM's draw);
-    ``omega``: the multiplier of each term when it does not depend on the drawn set (``None`` for
-    ``prism+scaled``); ``weights``: PriSM's per-draw probabilities ``p`` (``None`` otherwise).
+    ``omega``: the multiplier of each term when it does not depend on the drawn set (``None`` for the ``+scaled``
+    strategies); ``weights``: PriSM's per-draw probabilities ``p`` (``None`` otherwise).
     """
 
     strategy: str
@@ -244,7 +247,7 @@ class TermDesign:
     def sample(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """One client's ``(sorted term indices, their multipliers ω)``."""
         lam = self.singular_values
-        if self.strategy in ("topn", "nosharding"):
+        if self.strategy in ("topn", "topn+scaled", "nosharding"):
             idx = np.flatnonzero(self.pi >= 0.5)
         elif self.weights is not None:
             idx = _prism_draw(self.weights, self.n, rng)
@@ -257,7 +260,7 @@ class TermDesign:
         else:
             idx = sample_min_support(self.pi, rng)
         idx = np.asarray(idx, dtype=np.int64)
-        if self.strategy == "prism+scaled":
+        if self.strategy.endswith("+scaled"):
             kept = float(np.sum(lam[idx] ** 2))
             scale = math.sqrt(float(np.sum(lam**2)) / kept) if kept > 0 else 1.0
             omega = np.full(idx.size, scale)
@@ -334,11 +337,11 @@ def term_design(strategy: str, singular_values: Sequence[float] | np.ndarray | t
         raise ValueError(f"singular_values must be a non-empty finite 1-D array, got {lam!r}")
     size = lam.size
     n = size if base == "nosharding" else keep_count(size, keep_ratio)
-    if base == "topn":
+    if base in ("topn", "topn+scaled"):
         order = np.argsort(-lam, kind="stable")
         pi = np.zeros(size)
         pi[order[:n]] = 1.0
-        return TermDesign(base, lam, n, pi, np.ones(size), sampler=sampler)
+        return TermDesign(base, lam, n, pi, np.ones(size) if base == "topn" else None, sampler=sampler)
     if base == "nosharding":
         return TermDesign(base, lam, n, np.ones(size), np.ones(size), sampler=sampler)
     if base.startswith("prism"):
