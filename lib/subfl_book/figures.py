@@ -93,7 +93,7 @@ METHOD_COLORS: dict[str, str] = {
     # spectral sharding / PriSM family
     "prism": "#D55E00", "prism+scaled": "#E69F00", "prism+scaled+cliplr": "#DDCC77", "prism+wallenius": "#882255",
     "prism+wallenius+cliplr": "#CC6677", "prism+memory": "#AA4499", "prism+sigma": "#CC6677",
-    "topn": "#0072B2", "unbiased": "#009E73", "collective": "#CC79A7", "spectral": "#56B4E9",
+    "topn": "#0072B2", "topn+scaled": "#88CCEE", "topn+scaled+cliplr": "#88CCEE", "unbiased": "#009E73", "collective": "#CC79A7", "spectral": "#56B4E9",
     "schatten": "#999933", "nosharding": "#888888", "origdrop": "#6F4E37", "splitmix": "#44AA99",
     # width slicing and FLANC
     "heterofl": "#332288", "fjord": "#117733", "fedrolex": "#88CCEE", "flanc": "#E69F00",
