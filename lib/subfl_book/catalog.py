@@ -774,7 +774,8 @@ SPECTRAL_ABLATIONS: dict[str, tuple[tuple[str, dict], ...]] = {
     "clipped learning rate (Table 3)": (("unbiased", {}), ("unbiased+cliplr", {}), ("collective", {}),
                                         ("collective+cliplr", {})),
     "sampler (Table 4)": (("collective+cliplr", {}), ("collective+cliplr", {"sampler": "brewer"}),
-                          ("collective+cliplr", {"sampler": "min_support"})),
+                          ("collective+cliplr", {"sampler": "min_support"}), ("unbiased+cliplr", {}),
+                          ("unbiased+cliplr", {"sampler": "brewer"}), ("unbiased+cliplr", {"sampler": "min_support"})),
     "Schatten p = 4 (Table 5)": (("unbiased+cliplr", {}), ("schatten+cliplr", {})),
     "PriSM's scaling": (("prism", {}), ("prism+scaled", {}), ("prism+wallenius", {})),
     "Top-n's scaling": (("topn", {}), ("topn+scaled", {})),
@@ -783,7 +784,7 @@ SPECTRAL_ABLATIONS: dict[str, tuple[tuple[str, dict], ...]] = {
 }
 """Spectral sharding's ablations, each a list of (method, method options) run at :data:`SPECTRAL_LOW_LR`, r = 0.2:
 Table 3 (with / without the clipped learning rate), Table 4 (conditional Poisson vs Brewer vs minimum-support
-sampling of the Collective design), Table 5 (Schatten p = 4 instead of the Frobenius norm), PriSM's ω variants
+sampling of the Collective and the Unbiased designs, the two strategies of the paper's table), Table 5 (Schatten p = 4 instead of the Frobenius norm), PriSM's ω variants
 (ω = 1, ω keeping the Frobenius norm, ω = 1 / Wallenius mean), Top-n with and without the Frobenius-norm ω (Table 1's
 *Top-n + Scaled* rows), and PriSM's Table 5 in its row order: uniform
 sampling (κ = 0), the softmax of the singular values (``weighting="softmax"``) and PriSM's p ∝ λ^κ with κ = 4."""
