@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from subfl.data.partition import (PARTITIONS, dirichlet_allocation, dirichlet_equal, dirichlet_prior, iid,
-                                  k_classes, label_histogram, make_partition, natural, pachinko)
+from subfl.data.partition import (PARTITIONS, dirichlet_allocation, dirichlet_equal, dirichlet_groups,
+                                  dirichlet_prior, iid, k_classes, label_histogram, make_partition, natural, pachinko)
 
 NUM_CLASSES = 10
 
@@ -286,11 +286,13 @@ def test_make_partition_dispatches_like_the_functions() -> None:
         (make_partition("k_classes", labels, 4, rng(0), k=2), k_classes(labels, 4, 2, rng(0))),
         (make_partition("pachinko", labels, 4, rng(0), alpha=0.5, beta=0.5, coarse_labels=coarse),
          pachinko(coarse, labels, 4, 0.5, 0.5, rng(0))),
+        (make_partition("dirichlet_groups", labels, 4, rng(0), alpha=0.5, client_groups=[0, 1, 0, 1]),
+         dirichlet_groups(labels, [0, 1, 0, 1], 0.5, rng(0))),
     ]
     for got, expected in cases:
         assert same_partition(got, expected)
-    assert set(PARTITIONS) == {"iid", "dirichlet", "dirichlet_prior", "dirichlet_allocation", "k_classes",
-                               "pachinko", "natural"}
+    assert set(PARTITIONS) == {"iid", "dirichlet", "dirichlet_prior", "dirichlet_allocation", "dirichlet_groups",
+                               "k_classes", "pachinko", "natural"}
 
 
 def test_label_histogram_counts() -> None:
@@ -370,3 +372,64 @@ def test_dirichlet_allocation_is_the_per_class_cut_of_its_first_accepted_draw() 
             break
     assert tries > 1  # this request rejects some draws before it accepts one
     assert len(parts) == 40 and all(np.array_equal(a, b) for a, b in zip(parts, reference))
+
+
+# ---- dirichlet_groups (CAFF Sec. 4.4: data that follow the devices' groups) ----------------------------------
+def _group_shares(labels: np.ndarray, parts: list[np.ndarray], groups: np.ndarray) -> np.ndarray:
+    """Per class, the fraction of its samples held by each group (classes × sorted groups)."""
+    names = np.unique(groups)
+    held = np.zeros((labels.max() + 1, names.size))
+    for part, group in zip(parts, groups):
+        held[:, np.searchsorted(names, group)] += np.bincount(labels[part], minlength=labels.max() + 1)
+    return held / held.sum(axis=1, keepdims=True)
+
+
+def test_dirichlet_groups_assigns_every_sample_once_and_evenly_inside_a_group() -> None:
+    labels = np.repeat(np.arange(10), 300)
+    groups = np.array([0.5, 1.0] * 10)  # 20 clients, two groups of 10
+    parts = make_partition("dirichlet_groups", labels, 20, np.random.default_rng(0), alpha=0.1, client_groups=groups)
+    joined = np.concatenate(parts)
+    assert joined.size == labels.size and np.unique(joined).size == labels.size
+    for name in (0.5, 1.0):
+        sizes = [len(parts[c]) for c in np.flatnonzero(groups == name)]
+        assert max(sizes) - min(sizes) <= 1  # an even deal inside the group
+
+
+def test_dirichlet_groups_alpha_sets_how_much_a_class_follows_one_group() -> None:
+    """α = 0.1 (CAFF): a class sits mostly in one group (mean majority share ≥ 0.85 over 100 classes); α = 100: about
+    half in each (mean |share − 0.5| ≤ 0.05). The group shares are Dir(α, α) draws: E[max] = 0.5 + E|q − 0.5|."""
+    labels = np.repeat(np.arange(100), 200)
+    groups = np.array([0.5] * 10 + [1.0] * 10)
+    shares = {a: _group_shares(labels, make_partition("dirichlet_groups", labels, 20, np.random.default_rng(1),
+                                                      alpha=a, client_groups=groups), groups) for a in (0.1, 100.0)}
+    assert shares[0.1].max(axis=1).mean() >= 0.85
+    assert np.abs(shares[100.0][:, 0] - 0.5).mean() <= 0.05
+
+
+def test_dirichlet_groups_follows_the_engines_keep_ratio_groups() -> None:
+    """In a run the groups are the clients' static keep-ratio levels: the weak clients of the engine's profiles
+    hold, per class, the shares the partition gave the weak group."""
+    from subfl.experiments import make_config, prepare_data
+
+    config = make_config("caff", "digits", "mlp", "dirichlet_groups", scale="ci", alpha=0.1, num_clients=8,
+                         heterogeneity="0.5:0.5,1.0:0.5", clients_per_round=2)
+    data, _, parts = prepare_data(config)
+    levels = np.array([p.keep_ratio for p in config.heterogeneity_setting.profiles(8, config.seed, 1)])
+    shares = _group_shares(np.asarray(data.train.labels), parts, levels)
+    assert shares.max(axis=1).mean() >= 0.7  # classes follow the groups (digits at ci scale: few samples a class)
+    again = prepare_data(config)[2]
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+
+
+def test_dirichlet_groups_refuses_what_it_cannot_do() -> None:
+    labels = np.repeat(np.arange(3), 4)
+    with pytest.raises(ValueError, match="client_groups"):
+        make_partition("dirichlet_groups", labels, 4, np.random.default_rng(0), alpha=0.1)
+    with pytest.raises(ValueError, match="group 1.0"):  # 12 samples cannot feed a group of 11 clients
+        make_partition("dirichlet_groups", labels, 12, np.random.default_rng(0), alpha=0.01,
+                       client_groups=np.array([0.5] + [1.0] * 11))
+    from subfl.experiments import make_config
+    from subfl.experiments.config import ConfigError
+
+    with pytest.raises(ConfigError, match="partition='dirichlet_groups'"):
+        make_config("fedavg", "digits", "mlp", "dirichlet_groups", scale="ci", alpha=0.1)

@@ -10,8 +10,8 @@ from .datasets import (DATASETS, TEXT_CORPORA, balanced_subset, clear_dataset_ca
                        read_idx_gz, tokenize_review)
 from .manifest import (ENV_DATA_ROOT, dataset_files, default_data_root, how_to_obtain, load_manifest,
                        manifest_entry, require_file, resolve_data_root, sha256_file, verify_file)
-from .partition import (PARTITIONS, dirichlet_allocation, dirichlet_equal, dirichlet_prior, iid, k_classes,
-                        label_histogram, local_test_split, make_partition, natural, pachinko)
+from .partition import (PARTITIONS, dirichlet_allocation, dirichlet_equal, dirichlet_groups, dirichlet_prior, iid,
+                        k_classes, label_histogram, local_test_split, make_partition, natural, pachinko)
 
 __all__ = [
     "ArrayData", "FederatedDataset", "TokenWindows", "token_windows",
@@ -19,6 +19,6 @@ __all__ = [
     "read_idx_gz", "tokenize_review",
     "ENV_DATA_ROOT", "default_data_root", "resolve_data_root", "load_manifest", "manifest_entry",
     "dataset_files", "how_to_obtain", "require_file", "sha256_file", "verify_file",
-    "PARTITIONS", "iid", "dirichlet_equal", "dirichlet_prior", "dirichlet_allocation", "k_classes",
-    "pachinko", "natural", "make_partition", "label_histogram", "local_test_split",
+    "PARTITIONS", "iid", "dirichlet_equal", "dirichlet_prior", "dirichlet_allocation", "dirichlet_groups",
+    "k_classes", "pachinko", "natural", "make_partition", "label_histogram", "local_test_split",
 ]

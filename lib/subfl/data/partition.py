@@ -18,6 +18,9 @@ Which paper uses which:
 * :func:`k_classes` -- each client holds exactly ``k`` classes (McMahan et al. 2017 "pathological non-IID";
   FLANC, FedP3).
 * :func:`pachinko` -- two-level Pachinko allocation over coarse/fine labels (Reddi et al., ICLR 2021).
+* :func:`dirichlet_groups` -- per class, proportions over *groups of clients* ``~ Dir(alpha)``, then an even
+  random split inside each group: data that follow the clients' groups (device strength; CAFF Sec. 4.4 after
+  CoCoFL).
 * :func:`natural` -- one client per natural group (writer, speaking role; LEAF).
 """
 from __future__ import annotations
@@ -26,8 +29,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-PARTITIONS: tuple[str, ...] = ("iid", "dirichlet", "dirichlet_prior", "dirichlet_allocation", "k_classes",
-                               "pachinko", "natural")
+PARTITIONS: tuple[str, ...] = ("iid", "dirichlet", "dirichlet_prior", "dirichlet_allocation", "dirichlet_groups",
+                               "k_classes", "pachinko", "natural")
 """Names accepted by :func:`make_partition` (``"dirichlet"`` is :func:`dirichlet_equal`)."""
 
 
@@ -216,6 +219,48 @@ def dirichlet_allocation(labels: Any, num_clients: int, alpha: float, rng: np.ra
                      f"{len(labels)} samples); accepted: a smaller min_size, a larger alpha or fewer clients")
 
 
+def dirichlet_groups(labels: Any, client_groups: Any, alpha: float, rng: np.random.Generator) -> list[np.ndarray]:
+    """Data that follow the clients' groups: for each class, proportions over the ``G`` groups ``~ Dir(alpha 1)``
+    cut that class's shuffled samples (largest-remainder counts); each group's samples are then shuffled and dealt
+    evenly (sizes differ by at most one) to the group's clients.
+
+    ``client_groups``: one label per client (any hashable values, e.g. each client's keep ratio); groups are taken
+    in sorted order. With a small ``alpha`` most of a class sits in one group — CAFF's split where "some classes
+    are primarily available" on the weak or on the strong devices (Sec. 4.4, ``alpha = 0.1`` after CoCoFL);
+    within a group the data are i.i.d. A group that receives fewer samples than it has clients is a
+    ``ValueError`` (every client needs a sample).
+    """
+    labels = _check_labels(labels)
+    groups = np.asarray(client_groups)
+    if groups.ndim != 1 or groups.size == 0:
+        raise ValueError(f"client_groups must be a non-empty 1-D array with one group label per client, got shape "
+                         f"{groups.shape}")
+    alpha = _check_concentration("alpha", alpha)
+    rng = _check_rng(rng)
+    names = np.unique(groups)
+    pools: list[list[np.ndarray]] = [[] for _ in names]
+    for c in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == c))
+        share = rng.dirichlet(np.full(len(names), alpha)) * len(members)
+        counts = np.floor(share).astype(np.int64)
+        order = np.argsort(-(share - counts), kind="stable")
+        counts[order[: len(members) - counts.sum()]] += 1
+        for g, piece in enumerate(np.split(members, np.cumsum(counts)[:-1])):
+            pools[g].append(piece)
+    parts: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * groups.size
+    for g, name in enumerate(names):
+        clients = np.flatnonzero(groups == name)
+        pool = rng.permutation(np.concatenate(pools[g]))
+        if pool.size < clients.size:
+            label = name.item() if isinstance(name, np.generic) else name
+            raise ValueError(f"dirichlet_groups gave group {label!r} {pool.size} samples for its {clients.size} "
+                             f"clients (alpha={alpha}, {len(labels)} samples); accepted: more samples, a larger "
+                             "alpha or fewer clients in that group")
+        for client, piece in zip(clients, np.array_split(pool, clients.size)):
+            parts[client] = piece
+    return _sorted_parts(parts)
+
+
 def k_classes(labels: Any, num_clients: int, k: int, rng: np.random.Generator) -> list[np.ndarray]:
     """Each client holds exactly ``k`` distinct classes ("pathological non-IID", McMahan et al. 2017;
     FLANC, FedP3).
@@ -339,15 +384,21 @@ def local_test_split(parts: list[np.ndarray], fraction: float, rng: np.random.Ge
 def make_partition(name: str, labels: Any, num_clients: int, rng: np.random.Generator, *,
                    alpha: float | None = None, k: int | None = None, groups: Any = None,
                    coarse_labels: Any = None, beta: float | None = None,
-                   samples_per_client: int | None = None) -> list[np.ndarray]:
+                   samples_per_client: int | None = None, client_groups: Any = None) -> list[np.ndarray]:
     """Dispatch to a partitioner by name (one of :data:`PARTITIONS`).
 
     ``"dirichlet"`` is :func:`dirichlet_equal`. Needed arguments: ``alpha`` for the Dirichlet ones and
     ``pachinko`` (which also needs ``beta`` and ``coarse_labels``; ``labels`` are the fine labels), ``k``
-    for ``k_classes``, ``groups`` for ``natural`` (whose ``num_clients`` caps the number of groups used).
+    for ``k_classes``, ``groups`` for ``natural`` (whose ``num_clients`` caps the number of groups used),
+    ``client_groups`` (one group label per client, ``num_clients`` of them) for ``dirichlet_groups``.
     """
     if name not in PARTITIONS:
         raise ValueError(f"name must be one of {PARTITIONS}, got {name!r}")
+    if name == "dirichlet_groups":
+        if client_groups is None or len(client_groups) != num_clients:
+            raise ValueError(f"client_groups (one group label per client, {num_clients} of them) is required for "
+                             f"the 'dirichlet_groups' partition, got {client_groups!r}")
+        return dirichlet_groups(labels, client_groups, alpha, rng)
     if name == "natural":
         if groups is None:
             raise ValueError("groups is required for the 'natural' partition (one client per group), got None")

@@ -20,7 +20,7 @@ from ..fl.profiles import Heterogeneity, parse_heterogeneity
 from ..fl.training import LR_SCHEDULES, OPTIMIZERS, LocalTraining
 from .presets import DEFAULT_MODEL, SCALES, preset
 
-DIRICHLET_PARTITIONS = ("dirichlet", "dirichlet_prior", "dirichlet_allocation", "pachinko")
+DIRICHLET_PARTITIONS = ("dirichlet", "dirichlet_prior", "dirichlet_allocation", "dirichlet_groups", "pachinko")
 """Partitions that draw label proportions from a Dirichlet(``alpha``): they need ``alpha``, the others ignore it."""
 
 UNRUNNABLE_PARTITIONS = ("pachinko",)
@@ -368,6 +368,10 @@ def validate_config(cfg: ExperimentConfig) -> None:
         setting = parse_heterogeneity(cfg.heterogeneity)
     except ValueError as err:
         raise ConfigError(f"heterogeneity={cfg.heterogeneity!r} is not valid: {err}", "heterogeneity") from None
+    if cfg.partition == "dirichlet_groups" and (setting.dynamic or setting.is_homogeneous):
+        raise ConfigError(f"partition='dirichlet_groups' follows the clients' keep-ratio groups, which "
+                          f"heterogeneity={cfg.heterogeneity!r} does not fix; accepted: a static mix of two or more "
+                          f"levels (e.g. '0.5:0.5,1.0:0.5'), or another partition", "partition")
     for _, message in ignored_settings(cfg, setting):
         warnings.warn(message, ConfigWarning, stacklevel=2)
 

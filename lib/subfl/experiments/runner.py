@@ -84,8 +84,12 @@ def prepare_data(config: ExperimentConfig, data_root: str | Path | None = None, 
     train = _subset(dataset.train, config.max_train_samples, numpy_rng(config.seed, "train-subset"))
     test = _subset(dataset.test, config.max_test_samples, numpy_rng(0, "test-subset"))
     dataset = FederatedDataset(**{**dataset.__dict__, "train": train})
+    # dirichlet_groups: the groups are the clients' keep-ratio levels, assigned as the engine assigns them
+    client_groups = config.heterogeneity_setting.static_levels(config.num_clients, config.seed) \
+        if config.partition == "dirichlet_groups" else None
     parts = make_partition(config.partition, train.labels, config.num_clients, numpy_rng(config.seed, "partition"),
-                           alpha=config.alpha, k=config.classes_per_client, groups=train.groups)
+                           alpha=config.alpha, k=config.classes_per_client, groups=train.groups,
+                           client_groups=client_groups)
     return dataset, test, parts
 
 
