@@ -547,7 +547,8 @@ def caff_table2_plan(scale: str = "cpu", task: str = "shakespeare") -> "pd.DataF
 def caff_table2_config(method: str, constraint: str, layers: int, *, scale: str = "cpu", seed: int = 0,
                        task: str = "shakespeare") -> ExperimentConfig:
     """One cell of Table 2: the task's finetuning setting with half the devices weak (:data:`CAFF_TABLE2_HETEROGENEITY`)
-    and the groups' budgets of ``constraint`` (:func:`caff_table2_budgets`); every method finetunes ``F_layers`` (for
+    and the groups' budgets of ``constraint`` (:func:`caff_table2_budgets`); on ``cifar10`` the data follow the two
+    halves (partition ``dirichlet_groups``, α = 0.1: CAFF Sec. 4.4's split for the weak-device F1); every method finetunes ``F_layers`` (for
     CAFF, the depth Eq. (3) picks for the whole population — :func:`caff_table2_plan` — fixed with option
     ``architecture`` so that the first round's sample does not stand in for the population)."""
     if method not in CAFF_TABLE2_METHODS:
@@ -563,8 +564,11 @@ def caff_table2_config(method: str, constraint: str, layers: int, *, scale: str 
         options = dict(layers=caff_fig1_depths(scale), architecture=layers, budgets=budgets)
     else:
         options = _baseline_options(method, layers, budgets)
+    # on images, the data follow the devices (Sec. 4.4, after CoCoFL): per class, Dir(0.1) shares of the weak and the
+    # strong half, so that most classes sit on one half — the split the weak-device F1 is measured on
+    partition = {"partition": "dirichlet_groups"} if task == "cifar10" else {}
     return base.replace(method=method, heterogeneity=CAFF_TABLE2_HETEROGENEITY,
-                        method_options=dict(pretrained=scale, **options))
+                        method_options=dict(pretrained=scale, **options), **partition)
 
 
 def caff_table2_configs(*, scale: str = "cpu", seed: int = 0, task: str = "shakespeare") -> list[ExperimentConfig]:

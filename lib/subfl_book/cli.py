@@ -19,7 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--scorecard", action="store_true",
                         help="regenerate the Scorecard page and the status counts of the intro and README, then stop")
     parser.add_argument("--sync-prose", action="store_true",
-                        help="copy the sources' markdown into the executed copies that run the same code, then stop")
+                        help="copy the sources' markdown into the executed copies that run the same code, put a "
+                             "notice on the stale ones, then stop")
     parser.add_argument("--jobs", type=int, default=1, help="notebooks executed at a time (default 1)")
     return parser
 
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.sync_prose:
             synced = pipeline.sync_all_prose(only=args.only)
             print("\n".join(f"synced {p}" for p in synced) or "every executed copy shows its source's prose")
+            marked = pipeline.mark_stale_pages(scale=args.scale, only=args.only)
+            print("\n".join(f"stale notice updated: {p}" for p in marked) or "every stale page carries its notice")
             return 0
         if args.build_only and (args.no_build or args.force):
             raise ValueError("--build-only cannot be combined with --no-build or --force")
@@ -45,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             pipeline.execute(scale=args.scale, only=args.only, force=args.force, jobs=args.jobs)
         if not args.no_build:
             pipeline.sync_all_prose(only=args.only)
+            pipeline.mark_stale_pages(scale=args.scale, only=args.only)
             scorecard_page.write(pipeline.project_root())
             pipeline.build_site()
     except (ValueError, FileNotFoundError) as err:

@@ -114,10 +114,14 @@ DISPLAY_KEY = "mystnb"
 """Cell metadata MyST-NB reads to show a cell's outputs (``figure``: caption and name, ``image``: alt text)."""
 
 
+STALE_NOTICE_TAG = "stale-notice"
+"""Tag of the notice :func:`mark_stale_pages` puts under the title of a page whose executed copy is stale."""
+
+
 def _page_cells(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """An executed copy's cells without what the pipeline added (papermill's injected parameters, the run card):
-    the source notebook's cells, in its order."""
-    added = {RUN_CARD_TAG, "injected-parameters"}
+    """An executed copy's cells without what the pipeline added (papermill's injected parameters, the run card, a
+    stale notice): the source notebook's cells, in its order."""
+    added = {RUN_CARD_TAG, "injected-parameters", STALE_NOTICE_TAG}
     return [c for c in cells if not added & set(c.get("metadata", {}).get("tags", []))]
 
 
@@ -425,6 +429,49 @@ def sync_all_prose(only: str | None = None, root: Path | None = None) -> list[Pa
                 changed.append(executed_path(src, root))
         except ValueError:
             continue  # its code changed: executing it brings the prose too
+    return changed
+
+
+def stale_notice(source: Path, reason: str, executed_at: str, root: Path) -> str:
+    """The warning a stale page shows under its title (MyST admonition)."""
+    rel = source.relative_to(root).as_posix()
+    why = {"notebook or its parameters changed": "its notebook has changed since"}.get(reason, f"{reason} since")
+    return (":::{warning}\n"
+            f"**This page shows an earlier execution ({executed_at}).** It is stale: {why} that execution, so its "
+            "code, outputs, numbers and prose below are the earlier version's, and the Scorecard counts its claims "
+            "as *checked by a page not yet re-executed*. The current notebook is "
+            f"`{rel}`; `subfl-book --status` lists why each page is stale, and executing it (`subfl-book`) brings "
+            "the page up to date.\n:::")
+
+
+def mark_stale_pages(scale: str = "cpu", only: str | None = None, root: Path | None = None) -> list[Path]:
+    """Put :func:`stale_notice` under the title (first cell) of every stale executed copy and take it off the fresh
+    ones; returns the copies changed. What a page computes is untouched (the notice is not a page cell)."""
+    import nbformat
+
+    root = project_root() if root is None else root
+    changed = []
+    for src in _sources(root, only):
+        dst = executed_path(src, root)
+        if not dst.exists():
+            continue
+        nb = nbformat.read(dst, as_version=4)
+        reason = _staleness(src, json.loads(dst.read_text()), scale)
+        kept = [c for c in nb.cells if STALE_NOTICE_TAG not in c.get("metadata", {}).get("tags", [])]
+        if reason is not None:
+            notice = nbformat.v4.new_markdown_cell(
+                stale_notice(src, reason, nb.metadata.get("subfl", {}).get("executed_at", "?"), root),
+                metadata={"tags": [STALE_NOTICE_TAG]})
+            if "id" in notice:  # nbformat >= 4.5: a fixed id, so that the file is the same every time
+                notice["id"] = STALE_NOTICE_TAG
+            kept.insert(1 if kept else 0, notice)
+        if [c.get("source") for c in kept] == [c.get("source") for c in nb.cells]:
+            continue
+        nb.cells = kept
+        tmp = dst.with_name(f".{dst.stem}.notice.ipynb")
+        nbformat.write(nb, tmp)
+        os.replace(tmp, dst)
+        changed.append(dst)
     return changed
 
 

@@ -276,3 +276,34 @@ def test_every_executed_copy_that_runs_its_sources_code_shows_its_sources_prose(
     if book._staleness(source, executed, "cpu") == "notebook or its parameters changed":
         pytest.skip("its code changed since it was executed: executing it brings the prose")
     assert not book.prose_differs(source, executed), "run `subfl-book --sync-prose`"
+
+
+def test_a_stale_page_carries_a_notice_under_its_title_until_it_is_fresh_again(executed_root):
+    import nbformat
+    copy = executed_root / "book" / "ch" / "b.ipynb"
+    assert book.mark_stale_pages("ci", root=executed_root) == []  # every page fresh: nothing to mark
+    original = executed_root / "notebooks" / "ch" / "b.ipynb"
+    before = original.read_text()
+    _notebook(original, "x = 3")  # its code changes: the copy is stale
+    assert book.mark_stale_pages("ci", root=executed_root) == [copy]
+    cells = nbformat.read(copy, as_version=4).cells
+    notices = [c for c in cells if book.STALE_NOTICE_TAG in c.metadata.get("tags", [])]
+    assert len(notices) == 1 and cells[1] is notices[0] and cells[1].cell_type == "markdown"
+    text = notices[0].source
+    assert text.startswith(":::{warning}") and "notebooks/ch/b.ipynb" in text and "its notebook has changed" in text
+    assert _meta(executed_root, "b.ipynb")["executed_at"] in text
+    assert book.mark_stale_pages("ci", root=executed_root) == []  # idempotent: one notice
+    row = {r.notebook: r for r in book.status("ci", root=executed_root)}["notebooks/ch/b.ipynb"]
+    assert row.state == "stale" and row.reason == "notebook or its parameters changed"  # the notice is no page cell
+    original.write_text(before)  # fresh again: the notice goes
+    assert book.mark_stale_pages("ci", root=executed_root) == [copy]
+    assert not any(book.STALE_NOTICE_TAG in c.metadata.get("tags", [])
+                   for c in nbformat.read(copy, as_version=4).cells)
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.relative_to(ROOT / "notebooks").as_posix())
+def test_every_committed_copy_carries_a_stale_notice_exactly_when_it_is_stale(source, monkeypatch):
+    monkeypatch.setenv("SUBFL_STORE_DIR", str(ROOT / "store"))  # staleness follows the repository's runs (read only)
+    executed = json.loads(book.executed_path(source, ROOT).read_text())
+    marked = any(book.STALE_NOTICE_TAG in c.get("metadata", {}).get("tags", []) for c in executed["cells"])
+    assert marked == (book._staleness(source, executed, "cpu") is not None), "run `subfl-book --sync-prose`"
