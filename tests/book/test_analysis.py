@@ -71,7 +71,12 @@ def test_spectral_ablation_configs_share_the_table_one_runs():
     assert [c.method for c in table3] == ["unbiased", "unbiased+cliplr", "collective", "collective+cliplr"]
     assert table3[1] == spectral_config("unbiased+cliplr", seed=1, lr=SPECTRAL_LOW_LR)  # Table 1's own run
     samplers = spectral_ablation_configs("sampler (Table 4)")
-    assert [dict(c.method_options).get("sampler", "cps") for c in samplers] == ["cps", "brewer", "min_support"]
+    assert [(c.method, dict(c.method_options).get("sampler", "cps")) for c in samplers] == [
+        (design, sampler) for design in ("collective+cliplr", "unbiased+cliplr")
+        for sampler in ("cps", "brewer", "min_support")]  # Table 4's two strategies
+    assert samplers[3] == spectral_config("unbiased+cliplr", lr=SPECTRAL_LOW_LR)  # shared with Table 1's run
+    top = spectral_ablation_configs("Top-n's scaling")
+    assert [c.method for c in top] == ["topn", "topn+scaled"] and top[0] == spectral_config("topn", lr=SPECTRAL_LOW_LR)
     assert all(c.lr == SPECTRAL_LOW_LR == 0.005 and c.heterogeneity == "0.2" for t in SPECTRAL_ABLATIONS
                for c in spectral_ablation_configs(t))
     with pytest.raises(ValueError, match="table='Table 9'"):
