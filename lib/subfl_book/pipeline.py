@@ -115,7 +115,8 @@ DISPLAY_KEY = "mystnb"
 
 
 STALE_NOTICE_TAG = "stale-notice"
-"""Tag of the notice :func:`mark_stale_pages` puts under the title of a page whose executed copy is stale."""
+"""Tag of the notice :func:`mark_stale_pages` puts after the opening cell (title and introduction) of a page whose
+executed copy is stale."""
 
 
 def _page_cells(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -433,7 +434,7 @@ def sync_all_prose(only: str | None = None, root: Path | None = None) -> list[Pa
 
 
 def stale_notice(source: Path, reason: str, executed_at: str, root: Path) -> str:
-    """The warning a stale page shows under its title (MyST admonition)."""
+    """The warning a stale page shows after its opening cell (MyST admonition)."""
     rel = source.relative_to(root).as_posix()
     why = {"notebook or its parameters changed": "its notebook has changed since"}.get(reason, f"{reason} since")
     return (":::{warning}\n"
@@ -445,8 +446,8 @@ def stale_notice(source: Path, reason: str, executed_at: str, root: Path) -> str
 
 
 def mark_stale_pages(scale: str = "cpu", only: str | None = None, root: Path | None = None) -> list[Path]:
-    """Put :func:`stale_notice` under the title (first cell) of every stale executed copy and take it off the fresh
-    ones; returns the copies changed. What a page computes is untouched (the notice is not a page cell)."""
+    """Put :func:`stale_notice` after the opening cell (title and introduction) of every stale executed copy and take
+    it off the fresh ones; returns the copies changed. What a page computes is untouched (the notice is not a page cell)."""
     import nbformat
 
     root = project_root() if root is None else root
