@@ -141,6 +141,16 @@ def test_topn_picks_the_largest_terms():
     assert np.all(omega == 1.0)
 
 
+def _scaled_submodel_norms(strategy: str) -> tuple[float, float]:
+    """Frobenius norms of an MLP layer's 0.2× sub-model drawn by ``strategy`` (with its ω) and of the dense layer."""
+    model = Factory("mlp")()
+    f = decompose(model)["layers.3"]
+    idx, omega = term_design(strategy, f.singular_values, 0.2).sample(np.random.default_rng(4))
+    sub = build_submodel(model, {"layers.3": f}, {"layers.3": idx}, {"layers.3": omega})
+    w_sub = factorized_modules(sub)["layers.3"].dense_weight()
+    return torch.linalg.norm(w_sub).item(), torch.linalg.norm(model.layers[3].weight).item()
+
+
 def test_topn_scaled_keeps_topn_terms_and_the_layers_frobenius_norm():
     """Top-n + Scaled (spectral sharding Sec. 4.1): Top-n's n largest terms, each with ω = √(Σλ² / Σ_{i∈S} λ²); for
     λ = (4, 3, 2, 1) and r = 0.5, S = {0, 1} and ω = √(30 / 25) = 1.0954…; the sub-model keeps ‖W‖_F."""
@@ -150,12 +160,8 @@ def test_topn_scaled_keeps_topn_terms_and_the_layers_frobenius_norm():
     np.testing.assert_allclose(omega, [math.sqrt(30 / 25)] * 2, rtol=1e-15)
     top_idx, _ = term_design("topn", lam, 0.5).sample(np.random.default_rng(1))
     assert idx.tolist() == top_idx.tolist()
-    model = Factory("mlp")()
-    f = decompose(model)["layers.3"]
-    idx, omega = term_design("topn+scaled", f.singular_values, 0.2).sample(np.random.default_rng(4))
-    sub = build_submodel(model, {"layers.3": f}, {"layers.3": idx}, {"layers.3": omega})
-    w_sub = factorized_modules(sub)["layers.3"].dense_weight()
-    assert torch.linalg.norm(w_sub).item() == pytest.approx(torch.linalg.norm(model.layers[3].weight).item(), rel=1e-5)
+    sub_norm, dense_norm = _scaled_submodel_norms("topn+scaled")
+    assert sub_norm == pytest.approx(dense_norm, rel=1e-5)
     assert make_method("topn+scaled+cliplr").cliplr and not make_method("topn+scaled").cliplr
 
 
@@ -171,12 +177,8 @@ def test_collective_wallenius_and_scaled_multipliers():
     idx, omega = d.sample(np.random.default_rng(3))
     assert np.allclose(omega, 1.0 / pi[idx])
     # prism+scaled: the sub-model keeps the Frobenius norm of W
-    model = Factory("mlp")()
-    f = decompose(model)["layers.3"]
-    idx, omega = term_design("prism+scaled", f.singular_values, 0.2).sample(np.random.default_rng(4))
-    sub = build_submodel(model, {"layers.3": f}, {"layers.3": idx}, {"layers.3": omega})
-    w_sub = factorized_modules(sub)["layers.3"].dense_weight()
-    assert torch.linalg.norm(w_sub).item() == pytest.approx(torch.linalg.norm(model.layers[3].weight).item(), rel=1e-5)
+    sub_norm, dense_norm = _scaled_submodel_norms("prism+scaled")
+    assert sub_norm == pytest.approx(dense_norm, rel=1e-5)
 
 
 def test_prism_weighting_softmax_uses_the_softmax_of_the_singular_values():
