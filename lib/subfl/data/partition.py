@@ -225,8 +225,8 @@ def dirichlet_groups(labels: Any, client_groups: Any, alpha: float, rng: np.rand
     evenly (sizes differ by at most one) to the group's clients.
 
     ``client_groups``: one label per client (any hashable values, e.g. each client's keep ratio); groups are taken
-    in sorted order. With a small ``alpha`` most of a class sits in one group — CAFF's split where "some classes
-    are primarily available" on the weak or on the strong devices (Sec. 4.4, ``alpha = 0.1`` after CoCoFL);
+    in sorted order. With a small ``alpha`` most of a class sits in one group — CAFF's split in which a class is
+    held mainly by the weak or mainly by the strong devices (Sec. 4.4, ``alpha = 0.1`` after CoCoFL);
     within a group the data are i.i.d. A group that receives fewer samples than it has clients is a
     ``ValueError`` (every client needs a sample).
     """
