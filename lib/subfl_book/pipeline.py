@@ -146,6 +146,15 @@ def prose_differs(source: Path, executed: dict[str, Any]) -> bool:
     return _display_of(body) != _display_of(json.loads(source.read_text())["cells"])
 
 
+def _replace_copy(nb: Any, dst: Path) -> None:
+    """Write the executed copy ``dst`` through a temporary file, so that a reader never sees it half-written."""
+    import nbformat
+
+    tmp = dst.with_name(f".{dst.stem}.writing.ipynb")
+    nbformat.write(nb, tmp)
+    os.replace(tmp, dst)
+
+
 def sync_prose(source: Path, root: Path | None = None) -> bool:
     """Copy the markdown of ``source`` into its executed copy, whose code cells must be the source's, one for one
     (``ValueError`` otherwise: that page needs executing), and each code cell's ``mystnb`` metadata (how MyST-NB
@@ -174,9 +183,7 @@ def sync_prose(source: Path, root: Path | None = None) -> bool:
     if changed:
         meta = nb.metadata["subfl"]
         meta["notebook_fingerprint"] = page_fingerprint(source, meta["parameters"])
-        tmp = dst.with_name(f".{dst.stem}.prose.ipynb")
-        nbformat.write(nb, tmp)
-        os.replace(tmp, dst)
+        _replace_copy(nb, dst)
     return changed
 
 
@@ -447,7 +454,8 @@ def stale_notice(source: Path, reason: str, executed_at: str, root: Path) -> str
 
 def mark_stale_pages(scale: str = "cpu", only: str | None = None, root: Path | None = None) -> list[Path]:
     """Put :func:`stale_notice` after the opening cell (title and introduction) of every stale executed copy and take
-    it off the fresh ones; returns the copies changed. What a page computes is untouched (the notice is not a page cell)."""
+    it off the fresh ones; returns the copies changed. What a page computes is untouched (the notice is not a page
+    cell)."""
     import nbformat
 
     root = project_root() if root is None else root
@@ -457,7 +465,7 @@ def mark_stale_pages(scale: str = "cpu", only: str | None = None, root: Path | N
         if not dst.exists():
             continue
         nb = nbformat.read(dst, as_version=4)
-        reason = _staleness(src, json.loads(dst.read_text()), scale)
+        reason = _staleness(src, nb, scale)
         kept = [c for c in nb.cells if STALE_NOTICE_TAG not in c.get("metadata", {}).get("tags", [])]
         if reason is not None:
             notice = nbformat.v4.new_markdown_cell(
@@ -469,9 +477,7 @@ def mark_stale_pages(scale: str = "cpu", only: str | None = None, root: Path | N
         if [c.get("source") for c in kept] == [c.get("source") for c in nb.cells]:
             continue
         nb.cells = kept
-        tmp = dst.with_name(f".{dst.stem}.notice.ipynb")
-        nbformat.write(nb, tmp)
-        os.replace(tmp, dst)
+        _replace_copy(nb, dst)
         changed.append(dst)
     return changed
 

@@ -433,3 +433,11 @@ def test_dirichlet_groups_refuses_what_it_cannot_do() -> None:
 
     with pytest.raises(ConfigError, match="partition='dirichlet_groups'"):
         make_config("fedavg", "digits", "mlp", "dirichlet_groups", scale="ci", alpha=0.1)
+
+
+def test_largest_remainder_counts_sum_to_the_total_and_round_the_largest_remainders_up() -> None:
+    from subfl.data.partition import largest_remainder_counts
+    # 0.45·7 = 3.15, 0.35·7 = 2.45, 0.2·7 = 1.4: floors 3 / 2 / 1 leave one, which goes to the largest part (.45)
+    assert largest_remainder_counts([0.45, 0.35, 0.2], 7).tolist() == [3, 3, 1]
+    assert largest_remainder_counts([0.5, 0.5], 3).tolist() == [2, 1]  # a tie goes to the first
+    assert largest_remainder_counts([1.0], 0).tolist() == [0]

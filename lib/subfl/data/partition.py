@@ -219,6 +219,16 @@ def dirichlet_allocation(labels: Any, num_clients: int, alpha: float, rng: np.ra
                      f"{len(labels)} samples); accepted: a smaller min_size, a larger alpha or fewer clients")
 
 
+def largest_remainder_counts(shares: Any, total: int) -> np.ndarray:
+    """Whole counts summing to ``total`` in the proportions ``shares`` (which sum to 1): each ``⌊share·total⌋``,
+    plus one for the largest fractional parts (ties: the first) until the total is reached."""
+    raw = np.asarray(shares, dtype=np.float64) * total
+    counts = np.floor(raw).astype(np.int64)
+    order = np.argsort(-(raw - counts), kind="stable")
+    counts[order[: total - counts.sum()]] += 1
+    return counts
+
+
 def dirichlet_groups(labels: Any, client_groups: Any, alpha: float, rng: np.random.Generator) -> list[np.ndarray]:
     """Data that follow the clients' groups: for each class, proportions over the ``G`` groups ``~ Dir(alpha 1)``
     cut that class's shuffled samples (largest-remainder counts); each group's samples are then shuffled and dealt
@@ -241,10 +251,7 @@ def dirichlet_groups(labels: Any, client_groups: Any, alpha: float, rng: np.rand
     pools: list[list[np.ndarray]] = [[] for _ in names]
     for c in np.unique(labels):
         members = rng.permutation(np.flatnonzero(labels == c))
-        share = rng.dirichlet(np.full(len(names), alpha)) * len(members)
-        counts = np.floor(share).astype(np.int64)
-        order = np.argsort(-(share - counts), kind="stable")
-        counts[order[: len(members) - counts.sum()]] += 1
+        counts = largest_remainder_counts(rng.dirichlet(np.full(len(names), alpha)), len(members))
         for g, piece in enumerate(np.split(members, np.cumsum(counts)[:-1])):
             pools[g].append(piece)
     parts: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * groups.size

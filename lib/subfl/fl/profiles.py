@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..data.partition import largest_remainder_counts
 from .rng import numpy_rng
 from .types import ClientProfile
 
@@ -46,12 +47,7 @@ class Heterogeneity:
         return len(set(self.levels)) == 1
 
     def _counts(self, num_clients: int) -> np.ndarray:
-        raw = np.asarray(self.fractions) * num_clients
-        counts = np.floor(raw).astype(int)
-        remainder = num_clients - counts.sum()
-        order = np.argsort(-(raw - counts), kind="stable")
-        counts[order[:remainder]] += 1
-        return counts
+        return largest_remainder_counts(self.fractions, num_clients)
 
     def static_levels(self, num_clients: int, seed: int) -> np.ndarray:
         """Keep ratio of every client under static heterogeneity."""
