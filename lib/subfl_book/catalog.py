@@ -683,14 +683,22 @@ width (0.70 M parameters instead of 11.2 M, about 1/16 of the MACs) and 20 round
 one CPU thread (measured pilot: 61 s of local training per round with 10 clients)."""
 
 
+SPECTRAL_RESNET_NORM = "bn_nostats"
+"""The normalisation of every row of the ResNet-18 comparison: BatchNorm with batch statistics only, in training and
+evaluation (PriSM Sec. 3.2.2; nothing to aggregate). The spectral methods switch a BatchNorm model to it anyway
+(their ``sbn`` option); the full-model FedAvg reference gets it here too, so that the rows differ in the method
+alone (with the model's default, FedAvg alone would keep running statistics)."""
+
+
 def spectral_resnet_config(method: str, *, scale: str = "cpu", seed: int = 0) -> ExperimentConfig:
     """The spectral training table's keep-0.2 run at :data:`SPECTRAL_LOW_LR` (:func:`spectral_config`) with
-    ResNet-18 in place of the FedAvg CNN, sized by :data:`SPECTRAL_RESNET_SIZE`: the CPU counterpart of
-    ``scripts/spectral_resnet18.py``'s full-width GPU runs (same clients, split, optimiser and schedule shape)."""
+    ResNet-18 in place of the FedAvg CNN, sized by :data:`SPECTRAL_RESNET_SIZE` and normalised by
+    :data:`SPECTRAL_RESNET_NORM` for every method: the CPU counterpart of ``scripts/spectral_resnet18.py``'s
+    full-width GPU runs (same clients, split, optimiser and schedule shape)."""
     if scale not in SPECTRAL_RESNET_SIZE:
         raise ValueError(f"scale={scale!r} is not valid; accepted: {', '.join(SPECTRAL_RESNET_SIZE)}")
     config = spectral_config(method, "r0.2", scale=scale, seed=seed, lr=SPECTRAL_LOW_LR)
-    return config.replace(model="resnet18", **SPECTRAL_RESNET_SIZE[scale])
+    return config.replace(model="resnet18", norm=SPECTRAL_RESNET_NORM, **SPECTRAL_RESNET_SIZE[scale])
 
 
 SPECTRAL_LOW_LR_METHODS = SPECTRAL_METHODS

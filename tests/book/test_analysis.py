@@ -110,6 +110,22 @@ def test_factor_decay_configs_share_the_weight_decay_runs():
     with pytest.raises(ValueError, match="factor_decay='l2' is not valid; accepted: weight, frobenius"):
         prism_factor_decay_config("prism", "l2")
 
+def test_every_row_of_the_resnet_comparison_normalises_with_batch_statistics_only():
+    """FedAvg and the spectral rows are built alike: ResNet-18's 20 BatchNorm layers, none keeping running
+    statistics (PriSM Sec. 3.2.2)."""
+    from torch import nn
+
+    from subfl.models import build_model
+    from subfl_book.catalog import SPECTRAL_RESNET_METHODS, spectral_resnet_config
+    for method in SPECTRAL_RESNET_METHODS:
+        config = spectral_resnet_config(method, scale="ci")
+        model = build_model(config.model, num_classes=10, input_shape=(3, 32, 32), width=config.width,
+                            norm=config.norm)
+        norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+        assert len(norms) == 20, method
+        assert sum(m.track_running_stats for m in norms) == 0, method
+
+
 def test_spectral_resnet_config_changes_only_the_model_of_the_training_table_run():
     from subfl_book.catalog import SPECTRAL_LOW_LR, spectral_config, spectral_resnet_config
     for scale, width, rounds in (("ci", 0.125, None), ("cpu", 0.25, 20), ("paper", 1.0, None)):
@@ -117,7 +133,9 @@ def test_spectral_resnet_config_changes_only_the_model_of_the_training_table_run
         table_run = spectral_config("topn", "r0.2", scale=scale, seed=1, lr=SPECTRAL_LOW_LR)
         assert (config.model, config.width) == ("resnet18", width)
         assert config.rounds == (rounds or table_run.rounds)
-        assert config.replace(model=table_run.model, width=table_run.width, rounds=table_run.rounds) == table_run
+        assert config.norm == "bn_nostats"
+        assert config.replace(model=table_run.model, width=table_run.width, rounds=table_run.rounds,
+                              norm=table_run.norm) == table_run
     assert spectral_resnet_config("fedavg").heterogeneity == "1.0"  # the reference trains the full model
     with pytest.raises(ValueError, match="scale='gpu' is not valid; accepted: ci, cpu, paper"):
         spectral_resnet_config("prism", scale="gpu")
