@@ -41,7 +41,7 @@ import torch
 
 from subfl.experiments import ExperimentConfig, RunResult
 from subfl.experiments import run_experiment as compute_run
-from subfl.experiments.locking import exclusive
+from subfl.locking import exclusive
 from subfl.experiments.provenance import run_key
 
 BOOK_THREADS = 1
@@ -207,7 +207,7 @@ def _log_read(key: str, config: ExperimentConfig, same_environment: bool = False
 
 def _run_lock(key: str) -> contextlib.AbstractContextManager:
     """Exclusive right to compute run ``key`` on this machine (a lock file ``work_root()/<key>.lock``, held through
-    :func:`subfl.experiments.locking.exclusive`): two pages executed at once that read the same run compute it once;
+    :func:`subfl.locking.exclusive`): two pages executed at once that read the same run compute it once;
     the second waits at most ``$SUBFL_LOCK_TIMEOUT_S`` (default 12 h)."""
     return exclusive(work_root() / f"{key[:24]}.lock", f"run {key[:12]}")
 

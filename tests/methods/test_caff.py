@@ -269,6 +269,29 @@ def test_pretraining_ci_is_cached():
     assert preset("lm", "cpu", 6).layers == 6 and preset("vit", "paper").embed_dim == 192
 
 
+def test_pretraining_waits_for_another_process_training_the_same_model(monkeypatch):
+    """Two processes asking for the same missing model train it once: the second waits on the lock (bounded), then
+    reads the weights the first one stored."""
+    _needs("english_corpus_pd.txt.gz")
+    import subfl.pretraining as pretraining
+    from subfl.artifacts import artifact_dir
+    from subfl.locking import exclusive, lock_file_for
+
+    config = pretraining.preset("lm", "ci", steps=1, tokenizer_max_chars=100_000, vocab_size=400)
+    lock = lock_file_for(pretraining.pretrained_dir(config), artifact_dir("locks"))
+    monkeypatch.setenv("SUBFL_LOCK_TIMEOUT_S", "0.3")
+    with exclusive(lock, "another process's pretraining"):
+        with pytest.raises(TimeoutError, match="pretraining lm-l3-"):
+            pretraining.pretrain(config, data_root())
+    trained = []
+    real = pretraining.train_from_scratch
+    monkeypatch.setattr(pretraining, "train_from_scratch", lambda *a, **k: trained.append(1) or real(*a, **k))
+    first = pretraining.pretrain(config, data_root())
+    second = pretraining.pretrain(config, data_root())
+    assert len(trained) == 1
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
 def test_vit_pipeline_pretrained_on_disjoint_cifar10_classes():
     _needs("cifar10_train.npz", "cifar10_test.npz")
     from subfl.pretraining import (DOWNSTREAM_CLASSES, PRETRAIN_CLASSES, cifar10_classes,

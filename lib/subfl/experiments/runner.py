@@ -33,7 +33,7 @@ from ..methods import make_method
 from ..fl.method import ServerContext
 from ..models import build_model, model_spec
 from .config import ExperimentConfig
-from .locking import exclusive, lock_file_for
+from ..locking import exclusive, lock_file_for
 from .provenance import canonical_config, environment_class, run_key, run_versions
 
 OUTPUT_FILES = ("history.csv", "summary.json", "ledger.csv", "timings.csv", "state.pt")
@@ -344,7 +344,7 @@ def _compute(config: ExperimentConfig, target: Path, key: str, data_root, progre
 
 
 LOCKS = "locks"
-"""Folder of the run cache holding the lock files of run folders (:mod:`subfl.experiments.locking`)."""
+"""Folder of the run cache holding the lock files of run folders (:mod:`subfl.locking`)."""
 
 
 def _complete_entry(folder: Path) -> bool:

@@ -1,4 +1,5 @@
-"""One exclusive lock per run: two processes asked for the same run compute it once.
+"""One exclusive lock per artefact: two processes asked for the same run, or the same pretrained model, compute it
+once.
 
 A thin wrapper of :class:`filelock.FileLock` (an ``flock`` on a lock file) with a bounded wait: every wait ends, with
 a :class:`TimeoutError` naming the lock file, after ``$SUBFL_LOCK_TIMEOUT_S`` seconds (default 12 h, the longest a
