@@ -8,6 +8,10 @@ export SUBFL_DATA_ROOT
 
 .PHONY: setup book site test status fmnist chromium
 
+# Test processes: two one-thread workers (pytest-xdist) beat one two-thread process on a 2-core machine; a notebook's
+# cells stay together on one worker (--dist loadfile). TEST_WORKERS= runs the suite in one process.
+TEST_WORKERS ?= -n 2 --dist loadfile
+
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -39,4 +43,4 @@ status: setup
 	$(VENV)/bin/subfl-book --status
 
 test: setup
-	SUBFL_SCALE=ci $(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider -q --durations=25
+	SUBFL_SCALE=ci $(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider -q --durations=25 $(TEST_WORKERS)
