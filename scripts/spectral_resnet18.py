@@ -35,10 +35,10 @@ KEPT_METRICS = ("accuracy", "train_loss", "diverged", "covered_fraction", "anme"
 
 
 def row_config(method: str, lr: float, device: str, smoke: bool, rounds: int | None = None, seed: int = 0):
-    """One row: the spectral training table's keep-ratio-0.2 run of ``method`` with ResNet-18 at full width,
-    every row with batch-statistics BatchNorm (:data:`~subfl_book.catalog.SPECTRAL_RESNET_NORM`; the files recorded
-    before 2026-11-28 have FedAvg with running statistics) (``rounds`` replaces the table's 40 rounds; the cosine schedule spans the rounds run; ``seed`` as in the
-    table's seeds: data split, initialisation and sampling)."""
+    """One row: the spectral training table's keep-ratio-0.2 run of ``method`` with ResNet-18 at full width, every
+    row with batch-statistics BatchNorm (:data:`~subfl_book.catalog.SPECTRAL_RESNET_NORM`; the files recorded before
+    2026-11-28 have FedAvg with running statistics). ``rounds`` replaces the table's 40 rounds (the cosine schedule
+    spans the rounds run); ``seed`` as in the table's seeds: data split, initialisation and sampling."""
     config = spectral_config(method, "r0.2", scale="ci" if smoke else "cpu", lr=lr, seed=seed)
     config = config.replace(model="resnet18", width=0.25 if smoke else 1.0, norm=SPECTRAL_RESNET_NORM, device=device)
     return config if rounds is None else config.replace(rounds=rounds)
