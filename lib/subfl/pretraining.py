@@ -30,7 +30,7 @@ Scales (:func:`preset`; they change sizes, never the recipe):
 scale  depths ``l``      size
 ====== ================ =============================================================================
 ci     3                seconds: a handful of steps on short windows / few images, small tokenizer
-cpu    3, 6, 9          about an hour on a 2-core laptop for each family (see ``PRESETS``)
+cpu    3, 6, 9          up to an hour per family on a 2-core laptop (see ``PRESETS``)
 paper  3, 6, 9, 12      a GPU: 20k steps of 64 × 256 tokens (LM) / 128 images (ViT)
 ====== ================ =============================================================================
 
