@@ -29,8 +29,12 @@ from pathlib import Path
 PART_BYTES = 15 * 2**20
 
 
-def compute(entry: dict, device: str, store_dir: str, work_dir: str, data_root: str | None) -> dict:
-    """One run of the plan, recorded into ``store_dir``; returns its key, status and wall time."""
+def compute(entry: dict, device: str, store_dir: str, work_dir: str, data_root: str | None,
+            verify: bool = True) -> dict:
+    """One run of the plan, recorded into ``store_dir``; returns its key, status and wall time.
+
+    ``verify=False``: do not check the data files against the manifest's sha256 (a copy re-packed to travel whose
+    arrays the caller has checked; :func:`subfl.experiments.runner.prepare_data`)."""
     import torch
 
     torch.set_num_threads(1)  # the book's runs use one intra-op thread (part of the run key's environment class)
@@ -46,8 +50,8 @@ def compute(entry: dict, device: str, store_dir: str, work_dir: str, data_root: 
         return {"key": key, "status": "present", "label": config.label(), "wall_s": 0.0}
     start = time.perf_counter()
     work = Path(work_dir) / key[:24]
-    result = compute_run(config, work, cache=False, data_root=data_root, progress=False)
-    save_record(result, key, keep_state=keep_state, data_root=data_root, root=root)
+    result = compute_run(config, work, cache=False, data_root=data_root, progress=False, verify=verify)
+    save_record(result, key, keep_state=keep_state, data_root=data_root, root=root, verify=verify)
     shutil.rmtree(work, ignore_errors=True)
     return {"key": key, "status": "diverged" if result.diverged else "done", "label": config.label(),
             "wall_s": round(time.perf_counter() - start, 1), "final_accuracy": result.summary.get("final_accuracy")}
@@ -89,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="only the first N runs of the plan")
     parser.add_argument("--pack", type=Path, default=None, help="also write the new records as tar parts here")
     parser.add_argument("--log", type=Path, default=None, help="JSON-lines log of finished runs")
+    parser.add_argument("--no-verify", action="store_true",
+                        help="skip the data files' sha256 check (a re-packed copy whose arrays were checked)")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs={args.jobs} is not valid; accepted: an integer >= 1")
@@ -113,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     done = 0
     pool = cf.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"))
     try:
-        pending = {pool.submit(compute, e, args.device, str(args.store), str(args.work), args.data_root): e
+        pending = {pool.submit(compute, e, args.device, str(args.store), str(args.work), args.data_root,
+                               not args.no_verify): e
                    for e in entries}
         while pending:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())

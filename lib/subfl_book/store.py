@@ -125,12 +125,15 @@ def _dense(sparse: dict[str, Any]) -> np.ndarray:
     return matrix
 
 
-def _confusions(result: RunResult, data_root: str | Path | None) -> dict[str, Any] | None:
+def _confusions(result: RunResult, data_root: str | Path | None, verify: bool = True) -> dict[str, Any] | None:
+    from subfl.experiments.runner import prepare_data
+
     from .analysis import final_confusions
 
     if result.diverged:
         return None
-    return {name: _sparse(m) for name, m in final_confusions(result, data_root).items()}
+    prepared = prepare_data(result.config, data_root, verify=verify)
+    return {name: _sparse(m) for name, m in final_confusions(result, data_root, prepared=prepared).items()}
 
 
 def hardware(device: str) -> dict[str, Any]:
@@ -149,15 +152,19 @@ def experiment_key(canonical: dict[str, Any], versions: dict[str, Any]) -> str:
 
 
 def save_record(result: RunResult, key: str, *, keep_state: bool = False, data_root: str | Path | None = None,
-                root: Path | None = None) -> Path:
-    """Write ``result`` into the store under ``key`` (atomically); its weights too with ``keep_state``."""
+                root: Path | None = None, verify: bool = True) -> Path:
+    """Write ``result`` into the store under ``key`` (atomically); its weights too with ``keep_state``.
+
+    ``verify``: check the data files (read again for the record's confusion matrices) against the manifest's
+    sha256; ``False`` for a re-packed copy whose arrays are identical (:func:`subfl.experiments.runner.prepare_data`).
+    """
     summary = result.summary
     record = {"key": key, "config": summary["config"], "canonical_config": summary["canonical_config"],
               "versions": summary["versions"], "environment": summary["environment"], "summary": summary,
               "experiment_key": experiment_key(summary["canonical_config"], summary["versions"]),
               "hardware": hardware(result.config.device),
               "history": _frame_columns(result.history), "ledger": _frame_columns(result.ledger),
-              "timings": _frame_columns(result.timings), "confusions": _confusions(result, data_root)}
+              "timings": _frame_columns(result.timings), "confusions": _confusions(result, data_root, verify)}
     text = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str).encode()
     path = record_path(key, root)
     if keep_state:

@@ -1,11 +1,13 @@
 """scripts/compute_runs.py records a plan's runs where the store reads them; scripts/plan_runs.py lists what a page
 lacks."""
 import json
+import os
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from subfl.experiments import make_config
@@ -54,3 +56,47 @@ def test_compute_runs_refuses_bad_arguments(tmp_path):
         base = ["--device", "cpu"] if "--device" not in args else []
         done = _script("compute_runs.py", str(plan), "--store", str(tmp_path / "s"), *base, *args)
         assert done.returncode != 0 and fragment in done.stderr, done.stderr[-500:]
+
+
+def test_repacked_image_file_rebuilds_byte_identical(tmp_path):
+    rng = np.random.default_rng(0)
+    source = tmp_path / "source"
+    source.mkdir()
+    x = (rng.integers(0, 8, (130, 8, 8, 3)) * 32).astype(np.uint8)  # 130 images: two 12×12 mosaics, the last padded
+    np.savez_compressed(source / "images.npz", x=x, y=rng.integers(0, 10, 130), names=np.array(["a", "bb"]))
+    packed, rebuilt = tmp_path / "packed", tmp_path / "rebuilt"
+    done = _script("repack_data.py", "pack", str(source), str(packed), "--files", "images.npz")
+    assert done.returncode == 0, done.stderr[-2000:]
+    index = json.loads((packed / "index.json").read_text())
+    assert (index[0]["side"], index[0]["mosaics"], index[0]["shape"]) == (12, 1, [130, 8, 8, 3])
+    done = _script("repack_data.py", "unpack", str(packed), str(rebuilt))
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert (rebuilt / "images.npz").read_bytes() == (source / "images.npz").read_bytes()
+    with np.load(rebuilt / "images.npz") as arrays:
+        assert arrays.files == ["x", "y", "names"] and np.array_equal(arrays["x"], x)
+    (packed / "images.0.webp").write_bytes((packed / "images.0.webp").read_bytes()[:-40])  # a damaged mosaic
+    damaged = _script("repack_data.py", "unpack", str(packed), str(tmp_path / "again"))
+    assert damaged.returncode not in (0, 3)
+
+
+def test_compute_runs_without_verification_reads_a_repacked_copy(tmp_path):
+    source = Path(os.environ.get("SUBFL_DATA_ROOT", ROOT.parent / "shared" / "data")) / "femnist_leaf_subset.npz"
+    if not source.is_file():
+        pytest.skip(f"data file {source.name} not found (set SUBFL_DATA_ROOT)")
+    copy = tmp_path / "data"
+    copy.mkdir()
+    with np.load(source) as arrays:
+        np.savez(copy / source.name, **{name: arrays[name] for name in arrays.files})  # same arrays, other bytes
+    config = make_config("fedavg", "femnist", scale="ci", rounds=1, num_clients=4, clients_per_round=2,
+                         max_train_samples=200, max_test_samples=100)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps([{"config": config.to_dict(), "keep_state": False}]))
+    statuses = {}
+    for flag in ([], ["--no-verify"]):
+        log = tmp_path / f"log{len(flag)}.jsonl"
+        done = _script("compute_runs.py", str(plan), "--device", "cpu", "--store", str(tmp_path / f"store{len(flag)}"),
+                       "--work", str(tmp_path / "work"), "--data-root", str(copy), "--log", str(log), *flag)
+        assert done.returncode == 0, done.stderr[-2000:]
+        statuses[bool(flag)] = json.loads(log.read_text())
+    assert statuses[False]["status"] == "failed" and "sha256" in statuses[False]["error"]
+    assert statuses[True]["status"] == "done"
