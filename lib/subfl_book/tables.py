@@ -1,25 +1,200 @@
-"""How the book's pages show a DataFrame: no meaningless row numbers, no ``NaN``.
+"""How the book's pages show a DataFrame: no meaningless row numbers, no ``NaN``, no table wider than the column.
 
 Inside an IPython kernel, importing :mod:`subfl_book` registers :func:`frame_html` as the HTML form of every
-``pandas.DataFrame`` (:func:`install`): a frame whose index is the default ``0 … n-1`` is shown without it (a named
-or meaningful index stays), and a missing value is shown as "—". Numbers keep pandas' own display formatting and
-truncation. Styled tables (``DataFrame.style``) are left as their authors made them.
+``pandas.DataFrame`` (:func:`install`):
+
+* a frame whose index is the default ``0 … n-1`` is shown without it (a named or meaningful index stays);
+* a missing value is shown as "—";
+* a snake_case column or index name (``best_memory_mb``) is shown as words (``best memory mb``), so that it can wrap;
+* a frame whose estimated narrowest rendering (:func:`estimated_width`) is wider than the content column
+  (:data:`COLUMN_PX`) is turned on its side when it has fewer rows than columns and then fits, or else split into
+  several tables of consecutive columns, each repeating the row labels (:func:`fit_to_column`).
+
+Numbers keep pandas' own display formatting. Styled tables (``DataFrame.style``) are left as their authors made them.
 """
 from __future__ import annotations
+
+import re
 
 import pandas as pd
 
 MISSING = "—"
 """How a missing value (``NaN``, ``None``) is shown."""
 
+COLUMN_PX = 740
+"""The width a table may take: the book's content column (752 px at a 1280 px window) less a margin."""
+
+CHAR_PX = 7.2
+"""Estimated width of one character in a table cell (0.78 rem of the theme's sans-serif; measured in Chromium at a
+1280 px window: "11,173,962" takes 71.6 px)."""
+
+HEAD_CHAR_PX = 9.2
+"""Estimated width of one character of a header or row label, which are set bold ("momentum": 80.9 px)."""
+
+CELL_PAD_PX = 12
+"""A cell's horizontal padding and border (``_static/subfl.css``: 0.35 rem a side)."""
+
+_SNAKE = re.compile(r"[a-z][a-z0-9]*(_[a-z0-9]+)+")
+
+
+def readable_label(label):
+    """``label`` as a reader reads it: a snake_case identifier with spaces for underscores; anything else as it is."""
+    if isinstance(label, tuple):
+        return tuple(readable_label(part) for part in label)
+    return label.replace("_", " ") if isinstance(label, str) and _SNAKE.fullmatch(label) else label
+
+
+def _readable(frame: pd.DataFrame) -> pd.DataFrame:
+    out = frame.copy()
+    out.columns = out.columns.map(readable_label) if out.columns.nlevels == 1 else \
+        pd.MultiIndex.from_tuples([readable_label(c) for c in out.columns], names=out.columns.names)
+    out.columns.names = [readable_label(n) for n in frame.columns.names]
+    out.index.names = [readable_label(n) for n in frame.index.names]
+    return out
+
+
+def _has_default_index(frame: pd.DataFrame) -> bool:
+    return isinstance(frame.index, pd.RangeIndex) and frame.index.start == 0 and frame.index.step == 1 \
+        and frame.index.name is None
+
+
+def _text_px(text, char_px: float = CHAR_PX) -> float:
+    """Narrowest width of a cell holding ``text``: its longest word (cells wrap at spaces, never inside a word)."""
+    words = str(text).split() or [""]
+    return char_px * max(len(w) for w in words) + CELL_PAD_PX
+
+
+def _column_texts(series: pd.Series) -> list[str]:
+    """The strings pandas shows for ``series``'s values (its own float formatting), "—" for missing ones."""
+    if len(series) == 0:
+        return []
+    shown = series.reset_index(drop=True).to_string(index=False, header=False, na_rep=MISSING).split("\n")
+    return [s.strip() for s in shown]
+
+
+def _label_px(labels) -> list[float]:
+    return [max(_text_px(part, HEAD_CHAR_PX) for part in (label if isinstance(label, tuple) else (label,)))
+            for label in labels]
+
+
+def column_widths(frame: pd.DataFrame) -> list[float]:
+    """Estimated narrowest width, in px, of each column of ``frame`` (header and every cell)."""
+    heads = _label_px(frame.columns)
+    return [max([head] + [_text_px(t) for t in _column_texts(frame.iloc[:, i])])
+            for i, head in enumerate(heads)]
+
+
+def _index_px(frame: pd.DataFrame) -> float:
+    if _has_default_index(frame):
+        return 0.0
+    levels = [frame.index.get_level_values(i) for i in range(frame.index.nlevels)]
+    return sum(max([_text_px(frame.index.names[i] or "", HEAD_CHAR_PX)] + [_text_px(v, HEAD_CHAR_PX) for v in level])
+               for i, level in enumerate(levels))
+
+
+def estimated_width(frame: pd.DataFrame) -> float:
+    """Estimated narrowest rendered width of ``frame`` in px (index included when it is shown)."""
+    return _index_px(frame) + sum(column_widths(frame))
+
+
+def _on_its_side(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` transposed, each value written as pandas writes it in its own column (so numbers keep their form)."""
+    texts = pd.DataFrame({i: _column_texts(frame.iloc[:, i]) for i in range(frame.shape[1])})
+    labels = frame.index if not _has_default_index(frame) else pd.Index(
+        [str(v) for v in frame.iloc[:, 0]], name=frame.columns[0])
+    body = texts if not _has_default_index(frame) else texts.iloc[:, 1:]
+    columns = frame.columns if not _has_default_index(frame) else frame.columns[1:]
+    side = pd.DataFrame(body.to_numpy().T, index=columns, columns=labels)
+    side.index.name = None
+    return side
+
+
+def fit_to_column(frame: pd.DataFrame, width_px: float = COLUMN_PX) -> list[pd.DataFrame]:
+    """``frame`` as one or more tables no wider than ``width_px`` (estimated; see the module docstring).
+
+    A frame that fits is returned as it is. One with fewer rows than columns whose transposition fits is returned
+    transposed. Otherwise its columns are split into consecutive groups that fit (a column group under one
+    top-level label of a MultiIndex stays together when it fits on its own); each part keeps the row labels: the
+    index, or, for a default index, the first column. A single column wider than ``width_px`` stays whole.
+    """
+    if estimated_width(frame) <= width_px:
+        return [frame]
+    if frame.columns.nlevels == 1 and 1 < len(frame) < frame.shape[1]:
+        side = _on_its_side(frame)
+        if estimated_width(side) <= width_px:
+            return [side]
+    keyed = _has_default_index(frame)
+    labels_px = column_widths(frame)[0] if keyed else _index_px(frame)
+    widths = column_widths(frame)
+    start = 1 if keyed else 0
+    groups: list[list[int]] = []
+    top = [c[0] if isinstance(c, tuple) else c for c in frame.columns]
+    i = start
+    while i < frame.shape[1]:  # blocks of columns sharing a top-level label
+        j = i
+        while j + 1 < frame.shape[1] and isinstance(frame.columns[i], tuple) and top[j + 1] == top[i]:
+            j += 1
+        groups.append(list(range(i, j + 1)))
+        i = j + 1
+    parts: list[list[int]] = [[]]
+    used = labels_px
+    for group in groups:
+        for block in ([group] if labels_px + sum(widths[c] for c in group) <= width_px else [[c] for c in group]):
+            block_px = sum(widths[c] for c in block)
+            if parts[-1] and used + block_px > width_px:
+                parts.append([])
+                used = labels_px
+            parts[-1].extend(block)
+            used += block_px
+    return [frame.iloc[:, ([0] if keyed else []) + part] for part in parts if part]
+
+
+def _html(frame: pd.DataFrame) -> str:
+    return frame.to_html(index=not _has_default_index(frame), na_rep=MISSING, notebook=True,
+                         max_rows=pd.get_option("display.max_rows"), max_cols=pd.get_option("display.max_columns"),
+                         show_dimensions=False)
+
 
 def frame_html(frame: pd.DataFrame) -> str:
     """The HTML of ``frame`` as the book shows it (see the module docstring)."""
-    default_index = isinstance(frame.index, pd.RangeIndex) and frame.index.start == 0 and frame.index.step == 1 \
-        and frame.index.name is None
-    return frame.to_html(index=not default_index, na_rep=MISSING, notebook=True,
-                         max_rows=pd.get_option("display.max_rows"), max_cols=pd.get_option("display.max_columns"),
-                         show_dimensions=False)
+    return "\n".join(_html(part) for part in fit_to_column(_readable(frame)))
+
+
+def formatted(frame: pd.DataFrame, formats: str | dict | None) -> pd.DataFrame:
+    """``frame`` with the columns named in ``formats`` written as text: ``{column: "{:,}"}`` (a format string per
+    column), or one format string for every numeric column; a missing value becomes "—". Unknown columns raise."""
+    if formats is None:
+        return frame
+    if isinstance(formats, str):
+        formats = {c: formats for c in frame.columns if pd.api.types.is_numeric_dtype(frame[c])}
+    unknown = [c for c in formats if c not in frame.columns]
+    if unknown:
+        raise KeyError(f"formats names columns the frame does not have: {unknown}; columns: {list(frame.columns)}")
+    out = frame.copy()
+    for column, spec in formats.items():
+        out[column] = [MISSING if pd.isna(v) else spec.format(v) for v in frame[column]]
+    return out
+
+
+def table_html(frame: pd.DataFrame, caption: str | None = None, precision: int | None = None,
+               formats: str | dict | None = None) -> str:
+    """:func:`frame_html` of :func:`formatted` ``frame`` under a bold ``caption``, other floats written with
+    ``precision`` decimals (pandas' default otherwise): the book's replacement for
+    ``frame.style.format(…).set_caption(…)``, which is shown as its author made it, however wide."""
+    import html
+
+    with pd.option_context("display.precision", pd.get_option("display.precision") if precision is None
+                           else precision):
+        body = frame_html(formatted(frame, formats))
+    return body if caption is None else f'<p class="table-caption"><strong>{html.escape(caption)}</strong></p>\n{body}'
+
+
+def show(frame: pd.DataFrame, caption: str | None = None, precision: int | None = None,
+         formats: str | dict | None = None):
+    """``frame`` as an ``IPython.display.HTML`` object (:func:`table_html`), to ``display`` in a page."""
+    from IPython.display import HTML
+
+    return HTML(table_html(frame, caption, precision, formats))
 
 
 def kernel_shell():

@@ -23,3 +23,70 @@ def test_a_meaningful_index_stays():
 
 def test_install_outside_a_kernel_changes_nothing():
     assert install() is False
+
+
+def test_snake_case_names_read_as_words_and_other_labels_stay():
+    from subfl_book.tables import readable_label
+
+    assert readable_label("best_memory_mb") == "best memory mb"
+    assert readable_label("F_3^1") == "F_3^1" and readable_label("OPU123, simple") == "OPU123, simple"
+    assert readable_label(("accuracy", "mean_sd")) == ("accuracy", "mean sd") and readable_label(3) == 3
+    html = frame_html(pd.DataFrame({"best_memory_mb": [1.5]}, index=pd.Index(["a"], name="run_label")))
+    assert "best memory mb" in html and "run label" in html and "best_memory_mb" not in html
+
+
+def test_a_wide_frame_with_few_rows_is_turned_on_its_side():
+    from subfl_book.tables import COLUMN_PX, estimated_width, fit_to_column
+
+    frame = pd.DataFrame({"config": ["a", "b", "c"],
+                          **{f"F{layers}^{k}": [0.5, 0.25, 0.125] for layers in (3, 6, 9) for k in range(1, layers + 1)}})
+    assert estimated_width(frame) > COLUMN_PX  # 18 value columns of about 61 px each
+    (side,) = fit_to_column(frame)
+    assert side.shape == (18, 3) and list(side.columns) == ["a", "b", "c"] and side.columns.name == "config"
+    assert side.loc["F6^4", "c"] == "0.125" and estimated_width(side) <= COLUMN_PX
+
+
+def test_a_wide_frame_with_many_rows_is_split_into_parts_that_keep_the_row_labels():
+    from subfl_book.tables import COLUMN_PX, estimated_width, fit_to_column
+
+    frame = pd.DataFrame({"run": [f"r{i}" for i in range(12)],
+                          **{f"value {j}": [1234.5678 + i for i in range(12)] for j in range(20)}})
+    parts = fit_to_column(frame)
+    assert len(parts) == 3 and all(list(p.columns)[0] == "run" for p in parts)
+    assert sum(p.shape[1] - 1 for p in parts) == 20 and all(estimated_width(p) <= COLUMN_PX for p in parts)
+    assert [p.shape[1] for p in parts] == [10, 10, 3]  # 9 + 9 + 2 value columns of 76.8 px ("1234.5678") + 33.6 px
+    narrow = pd.DataFrame({"a": [1.0], "b": [2.0]})
+    assert fit_to_column(narrow)[0] is narrow
+
+
+def test_a_multiindex_group_stays_together_when_it_fits():
+    from subfl_book.tables import fit_to_column
+
+    columns = pd.MultiIndex.from_product([["alpha 0.1", "alpha 1.0", "iid"], [f"seed {s}" for s in range(4)]])
+    frame = pd.DataFrame([[0.123456] * 12] * 5, columns=columns, index=pd.Index(list("abcde"), name="method"))
+    parts = fit_to_column(frame, width_px=400)
+    assert [sorted({c[0] for c in p.columns}) for p in parts] == [["alpha 0.1"], ["alpha 1.0"], ["iid"]]
+    assert all(p.index.name == "method" for p in parts)
+
+
+def test_a_captioned_table_keeps_its_precision_and_fits():
+    from subfl_book.tables import table_html
+
+    frame = pd.DataFrame({"memory_mb": [1.23456789, None]}, index=pd.Index([3, 6], name="layers"))
+    html = table_html(frame, caption="LoRA <vs> layers", precision=2)
+    assert html.startswith('<p class="table-caption"><strong>LoRA &lt;vs&gt; layers</strong></p>')
+    assert "1.23" in html and "1.2346" not in html and "memory mb" in html and MISSING in html
+
+
+def test_formats_write_named_columns_and_refuse_unknown_ones():
+    import pytest
+
+    from subfl_book.tables import formatted, table_html
+
+    frame = pd.DataFrame({"params": [11173962, None], "ratio": [0.123456, 1.0], "name": ["a", "b"]})
+    shown = formatted(frame, {"params": "{:,.0f}", "ratio": "{:.3f}"})
+    assert list(shown["params"]) == ["11,173,962", MISSING] and list(shown["ratio"]) == ["0.123", "1.000"]
+    assert list(formatted(frame, "{:.1f}")["ratio"]) == ["0.1", "1.0"] and list(formatted(frame, "{:.1f}")["name"]) == ["a", "b"]
+    with pytest.raises(KeyError, match="macs"):
+        formatted(frame, {"macs": "{:,}"})
+    assert "11,173,962" in table_html(frame, formats={"params": "{:,.0f}"})
