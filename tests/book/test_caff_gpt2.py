@@ -13,3 +13,10 @@ def test_gpt2_is_built_with_its_published_size_and_the_tiny_models_are_cheaper_b
     assert table.loc["tiny LM, l = 3", "GFLOPs"] * 1e9 == pytest.approx(3 * per_block + 2 * d * V * T, rel=1e-9)
     assert table.loc["tiny LM, l = 9", "GPT-2 / model"] == pytest.approx(57.66, abs=0.01)
     assert table.loc["tiny LM, l = 3", "GPT-2 / model"] == pytest.approx(101.33, abs=0.01)
+
+
+def test_model_names_read_as_the_paper_writes_them():
+    from subfl_book.pages.caff import finetuning_name, layer_key, lora_key, model_name
+
+    assert model_name(3, 1) == "F₃¹" and model_name(12) == "F₁₂" and model_name(9, 10) == "F₉¹⁰"
+    assert finetuning_name(layer_key(6, 2)) == "F₆²" and finetuning_name(lora_key(6, 4)) == "LoRA r = 4 on F₆"

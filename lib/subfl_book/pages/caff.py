@@ -160,9 +160,20 @@ def layer_key(layers: int, trained: int) -> FinetuningKey:
     return (int(layers), "freeze", int(trained), 0)
 
 
+_SUBSCRIPT = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
+_SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def model_name(layers: int, trained: int | None = None) -> str:
+    """The paper's name of a pretrained depth, F_l, or of layer finetuning F_l^t, as text: ``model_name(3, 1)`` is
+    "F₃¹" (Unicode sub- and superscript digits, readable in table cells and plot labels where math is not set)."""
+    name = "F" + str(int(layers)).translate(_SUBSCRIPT)
+    return name if trained is None else name + str(int(trained)).translate(_SUPERSCRIPT)
+
+
 def finetuning_name(key: FinetuningKey) -> str:
-    """How Fig. 1's scorecard names a configuration: F_l^t, or LoRA r = … on F_l."""
-    return f"F_{key[0]}^{key[2]}" if key[1] == "freeze" else f"LoRA r = {key[3]} on F_{key[0]}"
+    """How Fig. 1's scorecard names a configuration: F_l^t, or LoRA r = … on F_l (:func:`model_name`)."""
+    return model_name(key[0], key[2]) if key[1] == "freeze" else f"LoRA r = {key[3]} on {model_name(key[0])}"
 
 
 def most_accurate(keys: Iterable[FinetuningKey],
