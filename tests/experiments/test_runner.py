@@ -273,3 +273,29 @@ def test_verify_false_reads_a_repacked_copy_that_verification_refuses(tmp_path):
     reference = prepare_data(config, root)
     assert torch.equal(repacked[0].train.x, reference[0].train.x)
     assert [p.tolist() for p in repacked[2]] == [p.tolist() for p in reference[2]]
+
+
+def test_train_set_metrics_score_the_final_model_on_the_drawn_training_samples(tmp_path):
+    from subfl.experiments.runner import ModelFactory, client_splits, train_eval_subset
+    from subfl.fl import evaluate
+
+    cfg = _cfg(rounds=2, local_test_fraction=0.3, train_eval_samples=40)
+    dataset, _, parts = prepare_data(cfg)
+    train_parts, local = client_splits(cfg, parts)
+    subset = train_eval_subset(cfg, dataset.train, train_parts)
+    assert len(subset) == 40
+    again = train_eval_subset(cfg, dataset.train, train_parts)
+    assert torch.equal(torch.as_tensor(subset.y), torch.as_tensor(again.y))  # drawn once, reproducibly
+    res = run_experiment(cfg, tmp_path / "train-eval", cache=False)
+    model = ModelFactory(cfg, dataset)()
+    model.load_state_dict(res.state()["weights"])
+    expected = evaluate(model, subset)
+    assert res.final("train_set_loss") == pytest.approx(expected["loss"], abs=1e-9)
+    assert res.final("train_set_accuracy") == pytest.approx(expected["accuracy"], abs=1e-12)
+    assert "evaluate_train" in set(res.timings.stage)
+    assert train_eval_subset(cfg.replace(train_eval_samples=None), dataset.train, train_parts) is None
+    held = sum(len(p) for p in train_parts)
+    with pytest.raises(ValueError, match=f"more than the {held} training samples"):
+        train_eval_subset(cfg.replace(train_eval_samples=held + 1), dataset.train, train_parts)
+    with pytest.raises(ValueError, match="train_eval_samples"):
+        _cfg(train_eval_samples=0)

@@ -57,6 +57,7 @@ class ExperimentConfig:
     max_train_samples: int | None = None
     max_test_samples: int | None = None
     local_test_fraction: float = 0.0
+    train_eval_samples: int | None = None
     seed: int = 0
     scale: str = "cpu"
     device: str = "cpu"
@@ -181,6 +182,7 @@ FIELD_RULES: dict[str, FieldRule] = {
     "max_train_samples": FieldRule("int", optional=True, low=1),
     "max_test_samples": FieldRule("int", optional=True, low=1),
     "local_test_fraction": FieldRule("real", low=0.0, high=1.0, high_open=True),
+    "train_eval_samples": FieldRule("int", optional=True, low=1),
     "seed": FieldRule("int", low=0),
     "scale": FieldRule("str"),
     "device": FieldRule("str"),
@@ -196,6 +198,7 @@ DEVICE_TYPES = ("cpu", "cuda", "mps")
 _FIELD_HINTS = {
     "alpha": " (the Dirichlet concentration)", "width": " (1.0 = the paper's width)",
     "local_test_fraction": " (the share of each client's data held out as its local test set; 0: none)",
+    "train_eval_samples": " (training samples the global model is also scored on at every evaluation; None: none)",
     "heterogeneity": "", "grad_clip": " (the gradient-norm clip; None: no clipping)",
 }
 

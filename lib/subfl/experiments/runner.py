@@ -11,7 +11,7 @@ import contextlib
 import json
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -100,6 +100,21 @@ def client_splits(config: ExperimentConfig, parts: list[np.ndarray],
     if not config.local_test_fraction:
         return parts, None
     return local_test_split(parts, config.local_test_fraction, numpy_rng(config.seed, "local-test"))
+
+
+def train_eval_subset(config: ExperimentConfig, train: ArrayData, train_parts: Sequence[np.ndarray]) -> ArrayData | None:
+    """The ``train_eval_samples`` training samples the global model is scored on at every evaluation (the training
+    objective of, e.g., the spectral paper's Fig. 2), drawn once without replacement from the samples the clients
+    train on (local test sets excluded) by a generator of (seed, "train-eval"); ``None`` when the field is unset.
+    Asking for more samples than the clients hold raises ``ValueError``."""
+    if config.train_eval_samples is None:
+        return None
+    held = np.sort(np.concatenate([np.asarray(part, dtype=np.int64) for part in train_parts]))
+    if config.train_eval_samples > len(held):
+        raise ValueError(f"train_eval_samples={config.train_eval_samples} is more than the {len(held)} training "
+                         f"samples the clients hold; accepted: an int in 1..{len(held)} or None")
+    chosen = numpy_rng(config.seed, "train-eval").choice(held, size=config.train_eval_samples, replace=False)
+    return train.subset(np.sort(chosen))
 
 
 @dataclass
@@ -331,7 +346,8 @@ def _compute(config: ExperimentConfig, target: Path, key: str, data_root, progre
                               eval_every=config.eval_every, seed=config.seed, device=config.device)
     result = run_simulation(method, dataset, parts, config.heterogeneity_setting, ctx, settings, test_data=test,
                             out_dir=target, fingerprint=key, progress=progress, stop_after_round=stop_after_round,
-                            description=config.label(), client_test_indices=local_tests)
+                            description=config.label(), client_test_indices=local_tests,
+                            train_eval_data=train_eval_subset(config, dataset.train, parts))
     if result.rounds_completed < config.rounds and result.diverged_at is None:
         return  # stopped early on request: the checkpoint holds it
     (target / "summary.json").unlink(missing_ok=True)  # a summary of other versions there is replaced last

@@ -41,6 +41,11 @@ although its loss is finite (e.g. a learning rate far too large). No run that le
 training loss among the book's recorded runs is 18 against a threshold of 230 for ten classes."""
 
 
+TRAIN_SET_PREFIX = "train_set_"
+"""Prefix of the metrics of the evaluation models on ``train_eval_data`` (``train_set_loss``, ``train_set_accuracy``):
+the global objective on training data, not the clients' running ``train_loss`` of their local steps."""
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """How the engine runs a simulation (not what it simulates)."""
@@ -110,7 +115,7 @@ def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Se
                    test_data=None, out_dir: str | Path | None = None, fingerprint: str = "",
                    progress: bool | None = None, stop_after_round: int | None = None,
                    description: str = "", client_test_indices: Sequence[np.ndarray] | None = None,
-                   ) -> SimulationResult:
+                   train_eval_data=None) -> SimulationResult:
     """Run ``method`` for ``settings.rounds`` rounds over the clients' index sets of ``dataset.train``.
 
     With ``out_dir`` the state is checkpointed every ``checkpoint_every`` rounds; started again with the same
@@ -125,7 +130,9 @@ def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Se
     client: its held-out local test set) each group's model is also scored on every client's local test set and
     the history gets ``local_<metric>`` rows: the unweighted mean over clients of their local values (the
     personalised evaluation of FedP3 §5), with the models :meth:`~subfl.fl.method.Method.personalized_models` gives
-    each client (by default the global ones).
+    each client (by default the global ones). With ``train_eval_data`` (training samples, e.g.
+    :func:`subfl.experiments.runner.train_eval_subset`) the same models are scored on it too, as
+    ``train_set_<metric>`` rows: the global objective on training data.
     """
     num_clients = len(client_indices)
     if num_clients < 1:
@@ -207,6 +214,11 @@ def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Se
             for (metric, group), value in _evaluate_models(models, test_data, settings, ctx.task).items():
                 history.add(rnd, metric, value, group)
             timings.append((rnd, "evaluate", time.perf_counter() - t0))
+            if train_eval_data is not None:
+                t0 = time.perf_counter()
+                for (metric, group), value in _evaluate_models(models, train_eval_data, settings, ctx.task).items():
+                    history.add(rnd, f"{TRAIN_SET_PREFIX}{metric}", value, group)
+                timings.append((rnd, "evaluate_train", time.perf_counter() - t0))
             if local_tests is not None:
                 t0 = time.perf_counter()
                 for (metric, group), value in _local_evaluation(method, state, ctx, models, local_tests,
