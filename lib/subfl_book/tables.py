@@ -99,12 +99,10 @@ def estimated_width(frame: pd.DataFrame) -> float:
 
 def _on_its_side(frame: pd.DataFrame) -> pd.DataFrame:
     """``frame`` transposed, each value written as pandas writes it in its own column (so numbers keep their form)."""
-    texts = pd.DataFrame({i: _column_texts(frame.iloc[:, i]) for i in range(frame.shape[1])})
-    labels = frame.index if not _has_default_index(frame) else pd.Index(
-        [str(v) for v in frame.iloc[:, 0]], name=frame.columns[0])
-    body = texts if not _has_default_index(frame) else texts.iloc[:, 1:]
-    columns = frame.columns if not _has_default_index(frame) else frame.columns[1:]
-    side = pd.DataFrame(body.to_numpy().T, index=columns, columns=labels)
+    keyed = _has_default_index(frame)  # the first column then labels the rows
+    texts = pd.DataFrame({i: _column_texts(frame.iloc[:, i]) for i in range(int(keyed), frame.shape[1])})
+    labels = pd.Index([str(v) for v in frame.iloc[:, 0]], name=frame.columns[0]) if keyed else frame.index
+    side = pd.DataFrame(texts.to_numpy().T, index=frame.columns[int(keyed):], columns=labels)
     side.index.name = None
     return side
 
@@ -124,8 +122,8 @@ def fit_to_column(frame: pd.DataFrame, width_px: float = COLUMN_PX) -> list[pd.D
         if estimated_width(side) <= width_px:
             return [side]
     keyed = _has_default_index(frame)
-    labels_px = column_widths(frame)[0] if keyed else _index_px(frame)
     widths = column_widths(frame)
+    labels_px = widths[0] if keyed else _index_px(frame)
     start = 1 if keyed else 0
     groups: list[list[int]] = []
     top = [c[0] if isinstance(c, tuple) else c for c in frame.columns]
