@@ -33,6 +33,7 @@ import subfl
 from subfl.experiments.config import ExperimentConfig
 from subfl.experiments.presets import SCALES
 
+from .recorded import RECORDED_LOG_ENV, RESULTS_DIR
 from .scorecard import PAGE_NAME_ENV, SCORECARD_LOG_ENV, read_rows
 from .store import BOOK_THREADS, RUNS_LOG_ENV, book_key, checkout_root, key_to_read, record_path
 
@@ -226,6 +227,17 @@ def _staleness(source: Path, executed: dict[str, Any], scale: str) -> str | None
     return None
 
 
+def _recorded_read(log: Path) -> list[dict[str, Any]]:
+    """The distinct recorded files of a page's log (:data:`subfl_book.recorded.RECORDED_LOG_ENV`), first read first."""
+    if not log.exists():
+        return []
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for line in log.read_text(encoding="utf-8").splitlines():
+        entry = json.loads(line)
+        seen.setdefault((entry["file"], entry["sha256"]), entry)
+    return list(seen.values())
+
+
 def _runs_read(log: Path) -> list[dict[str, Any]]:
     """The distinct runs of a page's runs log, in the order first read."""
     seen: dict[str, dict[str, Any]] = {}
@@ -287,9 +299,11 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
     partial = dst.with_name(f".{dst.stem}.partial.ipynb")
     with tempfile.TemporaryDirectory() as tmp:
         log, card_log = Path(tmp) / "runs.jsonl", Path(tmp) / "scorecard.jsonl"
+        recorded_log = Path(tmp) / "recorded.jsonl"
         page = page_name(source)
-        # the kernel inherits these: the runs the page reads, the scorecard rows it judges, its name
-        overrides = {RUNS_LOG_ENV: str(log), SCORECARD_LOG_ENV: str(card_log), PAGE_NAME_ENV: page}
+        # the kernel inherits these: the runs and recorded files the page reads, the scorecard rows it judges, its name
+        overrides = {RUNS_LOG_ENV: str(log), SCORECARD_LOG_ENV: str(card_log), PAGE_NAME_ENV: page,
+                     RECORDED_LOG_ENV: str(recorded_log)}
         before = {k: os.environ.get(k) for k in overrides}
         os.environ.update(overrides)
         try:
@@ -304,6 +318,7 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
                 else:
                     os.environ[k] = v
         runs = _runs_read(log)
+        recorded = _recorded_read(recorded_log)
         scorecard = [asdict(r) for r in read_rows(card_log.read_text(encoding="utf-8").splitlines())] \
             if card_log.exists() else []
     nb = nbformat.read(partial, as_version=4)
@@ -315,6 +330,7 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
         "library_version": subfl.__version__,
         "notebook_fingerprint": page_fingerprint(source, parameters),
         "runs": runs,
+        "recorded": recorded,
         "scorecard": scorecard,
         "machine": machine(),
         "wall_time_s": round(wall, 1),
@@ -342,6 +358,12 @@ def _environment_label(record: dict[str, Any]) -> str:
             + (f" ({accelerator})" if accelerator else ""))
 
 
+def _recorded_label(entry: dict[str, Any]) -> str:
+    """``file (hardware, torch version, date)`` of a recorded file a page read, with what the file states."""
+    facts = [entry.get("hardware"), entry.get("torch") and f"torch {entry['torch']}", entry.get("date")]
+    return f"{entry['file']} ({', '.join(str(f) for f in facts if f) or 'no machine recorded'})"
+
+
 def run_card(meta: dict[str, Any]) -> str:
     """The run card of an executed page (markdown): scale, seeds, the runs it read, the environments they were computed
     in and what computing them took, data caveats, hardware, wall time, library version, date — all from the page's
@@ -363,7 +385,11 @@ def run_card(meta: dict[str, Any]) -> str:
         lines.append(f"**runs read** {len(runs)} from the run store (seeds {', '.join(map(str, seeds))}; "
                      f"datasets {', '.join(datasets)}); computing them took {train_s / 3600:.2f} hours, one process "
                      f"each ({env_text})")
-    else:
+    recorded = meta.get("recorded") or []
+    if recorded:
+        files = "; ".join(_recorded_label(r) for r in recorded)
+        lines.append(f"**recorded files read** {len(recorded)} from `{RESULTS_DIR}/`: {files}")
+    if not runs and not recorded:
         lines.append("**runs read** none (this page computes what it shows)")
     lines.append(f"**page executed** on {m.get('processor', '?')}, {m.get('cpus', '?')} CPUs, torch "
                  f"{m.get('torch', '?')}, in {meta.get('wall_time_s', 0):.0f} s, {meta.get('executed_at', '?')}, "

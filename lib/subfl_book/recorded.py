@@ -24,6 +24,10 @@ from .analysis import with_server_shares
 from .store import checkout_root
 
 RESULTS_DIR = "results"
+
+RECORDED_LOG_ENV = "SUBFL_PAGE_RECORDED"
+"""Environment variable naming the JSON-lines file where :func:`load_recorded` logs each recorded file a page reads
+(set by :func:`subfl_book.pipeline.execute_notebook`; its run card names the files and where they were computed)."""
 """Folder of the checkout holding recorded result files."""
 
 _RUN_KEYS = ("method", "lr", "config", "complete", "rounds", "diverged_at", "upload_bytes", "seconds_per_round",
@@ -188,6 +192,7 @@ def load_stage_benchmark(path: str | Path) -> pd.DataFrame:
     missing = [k for k in ("args", "accelerator", "cpu_threads", "results") if k not in data]
     if missing:
         raise ValueError(f"{path.name}: a stage benchmark file needs {', '.join(missing)}")
+    _log_read(path, {"accelerator": data["accelerator"], "torch": data.get("torch"), "date": data.get("date")})
     rows = [{"strategy": r["strategy"],
              "svd_solver": r.get("svd_solver", None if r["strategy"] == "fedavg" else "exact"),
              "accelerator": data["accelerator"], "device": data["args"]["device"],
@@ -224,7 +229,24 @@ def load_recorded(path: str | Path) -> RecordedRuns:
                                 rounds=int(r["rounds"]), diverged_at=r["diverged_at"], upload_bytes=r["upload_bytes"],
                                 seconds_per_round=dict(r["seconds_per_round"]), history=history,
                                 exit_code=r.get("exit_code"), error=r.get("error")))
-    return RecordedRuns({k: v for k, v in data.items() if k != "runs"}, runs)
+    meta = {k: v for k, v in data.items() if k != "runs"}
+    _log_read(path, meta)
+    return RecordedRuns(meta, runs)
+
+
+def _log_read(path: Path, meta: dict[str, Any]) -> None:
+    """Append the file's name, sha256, accelerator (or device), torch and date to the page's log, if one is set."""
+    import hashlib
+    import os
+
+    log = os.environ.get(RECORDED_LOG_ENV)
+    if not log:
+        return
+    entry = {"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+             "hardware": meta.get("accelerator") or meta.get("device"), "torch": meta.get("torch"),
+             "date": meta.get("date") or meta.get("recorded_at")}
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(json.dumps(entry) + "\n")
 
 
 __all__ = ["RESULTS_DIR", "RecordedRun", "RecordedRuns", "load_recorded", "load_stage_benchmark", "recorded_path",

@@ -197,6 +197,23 @@ def test_run_card_follows_the_title_and_states_scale_runs_machine_and_date():
     assert "x86_64, 2 CPUs, torch 2.14, in 12 s, 2026-11-27 12:00 UTC, subfl 0.2.0" in text
 
 
+def test_a_page_reading_recorded_files_names_them_and_their_machine_on_its_run_card(tmp_path, monkeypatch):
+    from subfl_book.pipeline import _recorded_read, run_card
+    from subfl_book.recorded import RECORDED_LOG_ENV, load_recorded
+
+    recorded = tmp_path / "gpu.json"
+    recorded.write_text(json.dumps({"accelerator": "NVIDIA H200", "torch": "2.11.0", "date": "2026-11-20", "runs": []}))
+    log = tmp_path / "recorded.jsonl"
+    monkeypatch.setenv(RECORDED_LOG_ENV, str(log))
+    load_recorded(recorded)
+    load_recorded(recorded)  # read twice: listed once
+    entries = _recorded_read(log)
+    assert len(entries) == 1 and entries[0]["file"] == "gpu.json" and len(entries[0]["sha256"]) == 64
+    text = run_card({"scale": "cpu", "runs": [], "recorded": entries, "machine": {}})
+    assert "**recorded files read** 1 from `results/`: gpu.json (NVIDIA H200, torch 2.11.0, 2026-11-20)" in text
+    assert "computes what it shows" not in text
+
+
 def test_outputs_that_only_name_an_object_are_dropped():
     import nbformat
     from subfl_book.pipeline import drop_object_reprs
