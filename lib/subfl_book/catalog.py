@@ -718,6 +718,35 @@ def spectral_runs(keep: str = "r0.2", *, seeds: Sequence[int] = (0, 1), scale: s
             for r in run_seeds(cfg, seeds, data_root=data_root, same_environment=same_environment)]
 
 
+SPECTRAL_TIMING_ROUNDS = 4
+"""Rounds of a timing run (:func:`spectral_timing_runs`): per-round stage times settle after the first round, and
+the full 40-round training runs of the spectral table cost about 35 minutes each on one CPU thread."""
+
+
+def spectral_timing_configs(keep: str = "r0.2", *, scale: str = "cpu", methods: Sequence[str] = SPECTRAL_METHODS,
+                            rounds: int = SPECTRAL_TIMING_ROUNDS, seed: int = 0) -> list[ExperimentConfig]:
+    """Short runs to time a round stage by stage (PriSM Table 4): the spectral table's runs at
+    :data:`SPECTRAL_LOW_LR` (:func:`spectral_config`), cut to ``rounds`` rounds (fewer where the scale has fewer)
+    and evaluated once, at the end."""
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds={rounds!r} is not valid; accepted: an integer >= 1")
+    configs = []
+    for m in methods:
+        config = spectral_config(m, keep, scale=scale, seed=seed, lr=SPECTRAL_LOW_LR)
+        short = min(rounds, config.rounds)
+        configs.append(config.replace(rounds=short, eval_every=short))
+    return configs
+
+
+def spectral_timing_runs(keep: str = "r0.2", *, seeds: Sequence[int] = (0,), scale: str = "cpu",
+                         methods: Sequence[str] = SPECTRAL_METHODS, rounds: int = SPECTRAL_TIMING_ROUNDS,
+                         data_root: str | Path | None = None) -> list[RunResult]:
+    """The runs of :func:`spectral_timing_configs` for every seed, read from the store or computed; only runs made
+    in this machine's environment class count, as timings differ between machines."""
+    return [r for cfg in spectral_timing_configs(keep, scale=scale, methods=methods, rounds=rounds)
+            for r in run_seeds(cfg, seeds, data_root=data_root, same_environment=True)]
+
+
 SPECTRAL_FIG4_METHODS = ("topn", "prism", "unbiased+cliplr", "collective+cliplr")
 """The strategies of the update-cosine figure (spectral sharding Fig. 4): OrthDrop (top-n), PriSM, and the two
 optimal designs with the clipped learning rate."""

@@ -10,7 +10,8 @@ Inside an IPython kernel, importing :mod:`subfl_book` registers :func:`frame_htm
   (:data:`COLUMN_PX`) is turned on its side when it has fewer rows than columns and then fits, or else split into
   several tables of consecutive columns, each repeating the row labels (:func:`fit_to_column`).
 
-Numbers keep pandas' own display formatting. Styled tables (``DataFrame.style``) are left as their authors made them.
+Numbers keep pandas' own display formatting unless :func:`show` is given formats. A pandas Styler (``DataFrame.style``)
+is shown as its author made it, however wide: pages do not use one (a test checks).
 """
 from __future__ import annotations
 

@@ -64,6 +64,19 @@ def test_spectral_config_shares_chapter_ones_reference_setting():
         spectral_config("topn", "r0.3")
 
 
+def test_spectral_timing_configs_are_the_low_lr_runs_cut_short():
+    from subfl_book.catalog import SPECTRAL_LOW_LR, SPECTRAL_METHODS, spectral_config, spectral_timing_configs
+    timing = spectral_timing_configs("r0.2")
+    assert [c.method for c in timing] == [spectral_config(m).method for m in SPECTRAL_METHODS]
+    full = spectral_config("prism", lr=SPECTRAL_LOW_LR)
+    prism = timing[SPECTRAL_METHODS.index("prism")]
+    assert (full.rounds, full.eval_every) == (40, 2) and (prism.rounds, prism.eval_every) == (4, 4)
+    assert prism.replace(rounds=40, eval_every=2) == full  # nothing else differs from the training table's run
+    assert spectral_timing_configs(scale="ci", rounds=100)[0].rounds == spectral_config("fedavg", scale="ci").rounds
+    with pytest.raises(ValueError, match="rounds=0"):
+        spectral_timing_configs(rounds=0)
+
+
 def test_spectral_ablation_configs_share_the_table_one_runs():
     from subfl_book.catalog import (SPECTRAL_ABLATIONS, SPECTRAL_LOW_LR, spectral_ablation_configs,
                                            spectral_config)

@@ -23,6 +23,9 @@ def test_notebook_is_papermill_ready_and_thin(source):
     assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"), "sources carry no outputs"
     code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     assert "def " not in code and "class " not in code, "no algorithm code in notebooks"
+    # tables go through subfl_book.tables (no index column, "—" for missing, fitted to the column); a pandas
+    # Styler is shown as its author made it, however wide
+    assert ".style." not in code, "show a formatted table with subfl_book.tables.show(frame, formats=...)"
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.relative_to(ROOT / "notebooks").as_posix())
