@@ -190,9 +190,15 @@ def svd_refresh_seconds(model: torch.nn.Module, repeats: int = 3, svd_solver: st
     by ``svd_solver`` (:data:`~subfl.models.spectral_refresh.SVD_SOLVERS`: ``"exact"``, the thin float64 SVD of
     :func:`~subfl.models.factorized.svd_factors`; ``"gram"``, the Gram-matrix eigendecomposition): the median of
     ``repeats`` calls per layer, with the layer's ``(n, m)`` matrix shape. A measurement for the runtime pages,
-    not a benchmark (use ``benchmarks/bench_spectral_server.py`` / ``bench_svd_refresh.py`` for that)."""
+    not a benchmark (use ``benchmarks/bench_spectral_server.py`` / ``bench_svd_refresh.py`` for that).
+
+    Measured with the book's runs' torch thread count (:data:`~subfl_book.store.BOOK_THREADS`), so that it compares
+    with their stage timings: on a machine whose cores are busy, a multi-threaded LAPACK call can be ten times
+    slower than a one-thread one."""
     from subfl.models.factorized import layer_specs
     from subfl.models.spectral_refresh import solver_function
+
+    from .store import book_threads
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     factors = solver_function(svd_solver)
@@ -200,13 +206,37 @@ def svd_refresh_seconds(model: torch.nn.Module, repeats: int = 3, svd_solver: st
     for name, spec in layer_specs(model).items():
         matrix = model.get_submodule(name).weight.detach().reshape(spec.out_features, spec.in_features)
         times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            factors(matrix)
-            times.append(time.perf_counter() - start)
+        with book_threads():
+            for _ in range(repeats):
+                start = time.perf_counter()
+                factors(matrix)
+                times.append(time.perf_counter() - start)
         rows.append({"layer": name, "shape": f"{spec.out_features} × {spec.in_features}",
                      "seconds": statistics.median(times)})
     return pd.DataFrame(rows, columns=["layer", "shape", "seconds"])
+
+
+def svd_refresh_totals(model: torch.nn.Module, repeats: int = 5, svd_solver: str = "exact") -> list[float]:
+    """Wall-clock seconds of one whole refresh (every decomposed layer of ``model``, one after another), once per
+    repeat: ``repeats`` measurements of the same quantity, for a verdict that needs a spread. Measured as
+    :func:`svd_refresh_seconds` (the runs' thread count)."""
+    from subfl.models.factorized import layer_specs
+    from subfl.models.spectral_refresh import solver_function
+
+    from .store import book_threads
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    factors = solver_function(svd_solver)
+    matrices = [model.get_submodule(name).weight.detach().reshape(spec.out_features, spec.in_features)
+                for name, spec in layer_specs(model).items()]
+    totals = []
+    with book_threads():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for matrix in matrices:
+                factors(matrix)
+            totals.append(time.perf_counter() - start)
+    return totals
 
 
 def _client_round_bytes(ledger: pd.DataFrame, direction: str) -> pd.Series:

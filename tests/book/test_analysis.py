@@ -261,6 +261,29 @@ def test_svd_refresh_seconds_lists_every_decomposed_layer():
         svd_refresh_seconds(model, svd_solver="qr")
 
 
+def test_svd_refresh_seconds_measures_with_the_runs_thread_count(monkeypatch):
+    import torch
+
+    import subfl.models.spectral_refresh as refresh
+    from subfl_book.analysis import svd_refresh_seconds, svd_refresh_totals
+    from subfl_book.store import BOOK_THREADS
+    seen = []
+    monkeypatch.setattr(refresh, "solver_function", lambda name: lambda m: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        svd_refresh_seconds(build_model("cnn", num_classes=10, input_shape=(3, 32, 32), width=0.25), repeats=2)
+        assert seen == [BOOK_THREADS] * 4 == [1] * 4  # 2 layers x 2 repeats, as the runs' stages were timed
+        assert torch.get_num_threads() == 2  # the caller's count is restored
+        seen.clear()
+        totals = svd_refresh_totals(build_model("cnn", num_classes=10, input_shape=(3, 32, 32), width=0.25), repeats=3)
+        assert len(totals) == 3 and all(t >= 0 for t in totals) and seen == [1] * 6  # every layer, every repeat
+        with pytest.raises(ValueError, match="repeats"):
+            svd_refresh_totals(build_model("cnn", num_classes=10, input_shape=(3, 32, 32), width=0.25), repeats=0)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_ordering_check_marks_a_diverged_run():
     from subfl_book.analysis import ordering_check
     runs = [_synthetic_run("flanc", 0, {"1": 0.8}), _synthetic_run("heterofl", 0, {"1": 0.7}),
