@@ -450,19 +450,55 @@ def fold_code(nb: Any) -> Any:
     return nb
 
 
+def recorded_card_html(nb: Any) -> str | None:
+    """The scorecard of an executed copy rendered now (:func:`subfl_book.scorecard.render_card`) from the rows its
+    execution recorded (``metadata.subfl.scorecard``); ``None`` for a page that judged no claim."""
+    from .claims import load_register
+    from .scorecard import ScoreRow, render_card
+
+    rows = [ScoreRow(**r) for r in nb.metadata.get("subfl", {}).get("scorecard", [])]
+    if not rows:
+        return None
+    paper = rows[0].claim.split(":")[0]
+    return render_card(rows, title=f"Scorecard — {load_register(paper).title}")
+
+
+def _card_cell(nb: Any) -> Any | None:
+    return next((c for c in nb.cells if c.cell_type == "code" and ".placeholder()" in "".join(c.source)), None)
+
+
+def refresh_card(executed: Path) -> bool:
+    """Re-render an executed copy's scorecard from its recorded rows when the renderer has changed since (how a
+    claim's math or a note is shown, never a verdict: the rows are the execution's). Returns whether it changed."""
+    import nbformat
+
+    nb = nbformat.read(executed, as_version=4)
+    html, cell = recorded_card_html(nb), _card_cell(nb)
+    if html is None or cell is None:
+        return False
+    outputs = [o for o in cell.outputs if "text/html" in o.get("data", {})]
+    if len(outputs) != 1 or "".join(outputs[0].data["text/html"]) == html:
+        return False
+    outputs[0].data["text/html"] = html
+    _replace_copy(nb, executed)
+    return True
+
+
 def sync_all_prose(only: str | None = None, root: Path | None = None) -> list[Path]:
     """:func:`sync_prose` for every executed copy that runs its source's code (the others wait for their
-    execution); returns the copies whose text changed."""
+    execution), and :func:`refresh_card` for every executed copy; returns the copies that changed."""
     root = project_root() if root is None else root
     changed = []
     for src in _sources(root, only):
-        if not executed_path(src, root).exists():
+        dst = executed_path(src, root)
+        if not dst.exists():
             continue
         try:
-            if sync_prose(src, root):
-                changed.append(executed_path(src, root))
+            synced = sync_prose(src, root)
         except ValueError:
-            continue  # its code changed: executing it brings the prose too
+            synced = False  # its code changed: executing it brings the prose too
+        if refresh_card(dst) or synced:
+            changed.append(dst)
     return changed
 
 

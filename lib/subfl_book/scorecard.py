@@ -367,6 +367,24 @@ def _esc(text: object) -> str:
     return html.escape(str(text))
 
 
+_INLINE_MATH = re.compile(r"(?<![$\\])\$([^$\n]+?)\$(?!\$)")
+
+
+def _esc_math(text: object) -> str:
+    """``text`` escaped for HTML, with each inline ``$…$`` (the register writes its statements' math that way)
+    turned into the span MyST writes for inline math, which the book's MathJax typesets (its ``math`` class is
+    processed even inside a notebook's output)."""
+    import html
+    out, last = [], 0
+    text = str(text)
+    for m in _INLINE_MATH.finditer(text):
+        out.append(html.escape(text[last:m.start()]))
+        out.append(f'<span class="math notranslate nohighlight">\\({html.escape(m.group(1))}\\)</span>')
+        last = m.end()
+    out.append(html.escape(text[last:]))
+    return "".join(out)
+
+
 def render_card(rows: Sequence[ScoreRow], title: str = "Scorecard") -> str:
     """A page's scorecard as compact HTML: where · claim · paper · ours · status (with the rule's reason beneath);
     the departures of our setting once under the table when every row shares them, else beneath each claim."""
@@ -379,7 +397,7 @@ def render_card(rows: Sequence[ScoreRow], title: str = "Scorecard") -> str:
         departs = "" if r.scale == "analytic" or r.departures in ("—", common) else \
             f'<span class="note">our setting departs: {_esc(r.departures)}</span>'
         colour = STATUS_COLOURS.get(r.status, "inherit")
-        body.append(f'<tr><td>{_esc(r.source)}</td><td class="claim">{_esc(r.statement)}{departs}</td>'
+        body.append(f'<tr><td>{_esc(r.source)}</td><td class="claim">{_esc_math(r.statement)}{departs}</td>'
                     f'<td>{_esc(r.paper)}</td><td>{_esc(r.ours)}<span class="note">{_esc(r.scale)}</span></td>'
                     f'<td class="verdict"><span class="status" style="color: {colour}">{_esc(r.status)}</span>'
                     f'<span class="note">{_esc(r.reason)}</span></td></tr>')

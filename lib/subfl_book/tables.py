@@ -22,8 +22,9 @@ import pandas as pd
 MISSING = "—"
 """How a missing value (``NaN``, ``None``) is shown."""
 
-COLUMN_PX = 740
-"""The width a table may take: the book's content column (752 px at a 1280 px window) less a margin."""
+COLUMN_PX = 680
+"""The width a table may take: a notebook output's width in the book's content column at a 1280 px window (the
+column is 752 px; its sections, and so the outputs, 688 px, measured in Chromium) less a margin."""
 
 CHAR_PX = 7.2
 """Estimated width of one character in a table cell (0.78 rem of the theme's sans-serif; measured in Chromium at a

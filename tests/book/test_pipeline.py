@@ -327,3 +327,29 @@ def test_every_committed_copy_carries_a_stale_notice_exactly_when_it_is_stale(so
     executed = json.loads(book.executed_path(source, ROOT).read_text())
     marked = any(book.STALE_NOTICE_TAG in c.get("metadata", {}).get("tags", []) for c in executed["cells"])
     assert marked == (book._staleness(source, executed, "cpu") is not None), "run `subfl-book --sync-prose`"
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.relative_to(ROOT / "notebooks").as_posix())
+def test_every_executed_card_is_the_current_rendering_of_its_recorded_rows(source):
+    import nbformat
+    nb = nbformat.read(book.executed_path(source, ROOT), as_version=4)
+    html = book.recorded_card_html(nb)
+    if html is None:
+        return
+    cell = book._card_cell(nb)
+    shown = ["".join(o.data["text/html"]) for o in cell.outputs if "text/html" in o.get("data", {})]
+    assert shown == [html], "run `subfl-book --sync-prose` to re-render the card"
+
+
+def test_refresh_card_rewrites_an_outdated_rendering_only(tmp_path):
+    import nbformat
+    copy = tmp_path / "theory.ipynb"
+    shutil.copy(ROOT / "book" / "spectral" / "theory.ipynb", copy)
+    assert not book.refresh_card(copy)  # already the current rendering
+    nb = nbformat.read(copy, as_version=4)
+    out = next(o for o in book._card_cell(nb).outputs if "text/html" in o.get("data", {}))
+    out.data["text/html"] = "<p>an older rendering</p>"
+    nbformat.write(nb, copy)
+    assert book.refresh_card(copy)
+    assert "".join(next(o for o in book._card_cell(nbformat.read(copy, as_version=4)).outputs
+                        if "text/html" in o.get("data", {})).data["text/html"]) == book.recorded_card_html(nb)

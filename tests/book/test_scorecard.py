@@ -126,3 +126,13 @@ def test_a_chapter_index_table_counts_each_claim_of_a_page_once_with_its_least_f
     block = chapter_block(tmp_path, "prism", rows).splitlines()
     assert block[3] == "| {doc}`costs` | 3 | 0 | 1 | 1 | 1 | 0 |"  # exact, same, differs, inconclusive, near-chance
     assert block[4].startswith("| {doc}`runtime` | — (awaiting")
+
+
+def test_a_cards_inline_math_is_typeset_not_shown_raw():
+    from subfl_book.scorecard import ScoreRow, render_card
+    row = ScoreRow(claim="x", against=None, source="Alg. 2 line 30", statement=r"returns $E_t = -\sum_{i\le t} \lambda_i^2 < 0$ <always>",
+                   paper="holds", ours="error 0", scale="analytic", status="exact", reason="|Δ| = 0", departures="")
+    html = render_card([row])
+    # the math becomes MyST's inline-math span (MathJax typesets its class), the rest is escaped text
+    assert r'<span class="math notranslate nohighlight">\(E_t = -\sum_{i\le t} \lambda_i^2 &lt; 0\)</span>' in html
+    assert "$" not in html and "&lt;always&gt;" in html

@@ -54,7 +54,7 @@ def test_a_wide_frame_with_many_rows_is_split_into_parts_that_keep_the_row_label
     parts = fit_to_column(frame)
     assert len(parts) == 3 and all(list(p.columns)[0] == "run" for p in parts)
     assert sum(p.shape[1] - 1 for p in parts) == 20 and all(estimated_width(p) <= COLUMN_PX for p in parts)
-    assert [p.shape[1] for p in parts] == [10, 10, 3]  # 9 + 9 + 2 value columns of 76.8 px ("1234.5678") + 33.6 px
+    assert [p.shape[1] for p in parts] == [9, 9, 5]  # 8 + 8 + 4 value columns of 76.8 px ("1234.5678") + 33.6 px
     narrow = pd.DataFrame({"a": [1.0], "b": [2.0]})
     assert fit_to_column(narrow)[0] is narrow
 
