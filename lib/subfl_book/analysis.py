@@ -185,6 +185,20 @@ def with_server_shares(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def _refresh_work(model: torch.nn.Module, repeats: int, svd_solver: str):
+    """``(solver, {layer: (shape label, weight matrix)})`` of every decomposed layer of ``model``, ``repeats``
+    checked: what :func:`svd_refresh_seconds` and :func:`svd_refresh_totals` time."""
+    from subfl.models.factorized import layer_specs
+    from subfl.models.spectral_refresh import solver_function
+
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    factors = solver_function(svd_solver)
+    return factors, {name: (f"{spec.out_features} × {spec.in_features}",
+                            model.get_submodule(name).weight.detach().reshape(spec.out_features, spec.in_features))
+                     for name, spec in layer_specs(model).items()}
+
+
 def svd_refresh_seconds(model: torch.nn.Module, repeats: int = 3, svd_solver: str = "exact") -> pd.DataFrame:
     """Wall-clock seconds of the spectral methods' orthogonal-space refresh of every decomposed layer of ``model``
     by ``svd_solver`` (:data:`~subfl.models.spectral_refresh.SVD_SOLVERS`: ``"exact"``, the thin float64 SVD of
@@ -195,24 +209,18 @@ def svd_refresh_seconds(model: torch.nn.Module, repeats: int = 3, svd_solver: st
     Measured with the book's runs' torch thread count (:data:`~subfl_book.store.BOOK_THREADS`), so that it compares
     with their stage timings: on a machine whose cores are busy, a multi-threaded LAPACK call can be ten times
     slower than a one-thread one."""
-    from subfl.models.factorized import layer_specs
-    from subfl.models.spectral_refresh import solver_function
-
     from .store import book_threads
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
-    factors = solver_function(svd_solver)
+
+    factors, layers = _refresh_work(model, repeats, svd_solver)
     rows = []
-    for name, spec in layer_specs(model).items():
-        matrix = model.get_submodule(name).weight.detach().reshape(spec.out_features, spec.in_features)
-        times = []
-        with book_threads():
+    with book_threads():
+        for name, (shape, matrix) in layers.items():
+            times = []
             for _ in range(repeats):
                 start = time.perf_counter()
                 factors(matrix)
                 times.append(time.perf_counter() - start)
-        rows.append({"layer": name, "shape": f"{spec.out_features} × {spec.in_features}",
-                     "seconds": statistics.median(times)})
+            rows.append({"layer": name, "shape": shape, "seconds": statistics.median(times)})
     return pd.DataFrame(rows, columns=["layer", "shape", "seconds"])
 
 
@@ -220,20 +228,14 @@ def svd_refresh_totals(model: torch.nn.Module, repeats: int = 5, svd_solver: str
     """Wall-clock seconds of one whole refresh (every decomposed layer of ``model``, one after another), once per
     repeat: ``repeats`` measurements of the same quantity, for a verdict that needs a spread. Measured as
     :func:`svd_refresh_seconds` (the runs' thread count)."""
-    from subfl.models.factorized import layer_specs
-    from subfl.models.spectral_refresh import solver_function
-
     from .store import book_threads
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
-    factors = solver_function(svd_solver)
-    matrices = [model.get_submodule(name).weight.detach().reshape(spec.out_features, spec.in_features)
-                for name, spec in layer_specs(model).items()]
+
+    factors, layers = _refresh_work(model, repeats, svd_solver)
     totals = []
     with book_threads():
         for _ in range(repeats):
             start = time.perf_counter()
-            for matrix in matrices:
+            for _, matrix in layers.values():
                 factors(matrix)
             totals.append(time.perf_counter() - start)
     return totals
