@@ -454,13 +454,12 @@ def recorded_card_html(nb: Any) -> str | None:
     """The scorecard of an executed copy rendered now (:func:`subfl_book.scorecard.render_card`) from the rows its
     execution recorded (``metadata.subfl.scorecard``); ``None`` for a page that judged no claim."""
     from .claims import load_register
-    from .scorecard import ScoreRow, render_card
+    from .scorecard import ScoreRow, page_card
 
     rows = [ScoreRow(**r) for r in nb.metadata.get("subfl", {}).get("scorecard", [])]
     if not rows:
         return None
-    paper = rows[0].claim.split(":")[0]
-    return render_card(rows, title=f"Scorecard — {load_register(paper).title}")
+    return page_card(rows, load_register(rows[0].claim.partition(":")[0]))  # its first row: its own paper's claim
 
 
 def _card_cell(nb: Any) -> Any | None:

@@ -249,7 +249,7 @@ class Scorecard:
         return out
 
     def _repr_html_(self) -> str:
-        return render_card(self.rows, title=f"Scorecard — {self.register.title}")
+        return page_card(self.rows, self.register)
 
     def __repr__(self) -> str:
         return self.frame().to_string(index=False)
@@ -383,6 +383,11 @@ def _esc_math(text: object) -> str:
         last = m.end()
     out.append(html.escape(text[last:]))
     return "".join(out)
+
+
+def page_card(rows: Sequence[ScoreRow], register: Register) -> str:
+    """The scorecard a page shows: :func:`render_card` under the title of its paper's ``register``."""
+    return render_card(rows, title=f"Scorecard — {register.title}")
 
 
 def render_card(rows: Sequence[ScoreRow], title: str = "Scorecard") -> str:
