@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 SUBFL_DATA_ROOT ?= $(if $(wildcard ../shared/data/PROVENANCE.md),$(abspath ../shared/data),$(CURDIR)/data)
 export SUBFL_DATA_ROOT
 
-.PHONY: setup book site test status fmnist chromium
+.PHONY: setup book site test status fmnist chromium mathjax
 
 # Test processes: two one-thread workers (pytest-xdist) beat one two-thread process on a 2-core machine; a notebook's
 # cells stay together on one worker (--dist loadfile). TEST_WORKERS= runs the suite in one process.
@@ -31,7 +31,24 @@ chromium:
 	  if [ "$$(id -u)" = 0 ]; then (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null; \
 	  else echo "note: 'sudo apt-get install chromium' lets the browser check of the site run"; fi; fi
 
-setup: $(VENV)/.installed fmnist chromium
+# MathJax for reading offline: npm's mathjax 3.2.2 (its tarball sha256-checked) into _mathjax/ (not tracked):
+# the component the site loads (tex-mml-chtml.js) and the input/output/ui/a11y parts it may fetch, 5.5 MB.
+# subfl_book.sphinx_mathjax copies it into the site's _static/mathjax/ and loads it from there when it is there
+# (not under _static/: Jupyter Book would add every .js file there to every page); otherwise the site uses the CDN.
+MATHJAX_VERSION := 3.2.2
+MATHJAX_SHA256 := 1b9c0a1c44df864e915690558e72adb9cc5203360daefd385084ced3b6c64c09
+mathjax: _mathjax/tex-mml-chtml.js
+_mathjax/tex-mml-chtml.js:
+	@tmp=$$(mktemp -d); \
+	if command -v npm >/dev/null && (cd $$tmp && npm pack --silent mathjax@$(MATHJAX_VERSION) >/dev/null 2>&1) && \
+	  echo "$(MATHJAX_SHA256)  $$tmp/mathjax-$(MATHJAX_VERSION).tgz" | sha256sum --check --quiet && \
+	  tar -xzf $$tmp/mathjax-$(MATHJAX_VERSION).tgz -C $$tmp package/es5 package/LICENSE; then \
+	  rm -rf _mathjax && mkdir -p _mathjax && cp $$tmp/package/LICENSE _mathjax/ && \
+	  (cd $$tmp/package/es5 && cp -r tex-mml-chtml.js input output ui a11y $(CURDIR)/_mathjax/); \
+	else echo "note: MathJax $(MATHJAX_VERSION) not installed (needs npm and the npm registry): the site loads it from its CDN"; fi; \
+	rm -rf $$tmp
+
+setup: $(VENV)/.installed fmnist chromium mathjax
 
 book: setup
 	$(VENV)/bin/subfl-book --scale cpu

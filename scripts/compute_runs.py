@@ -6,7 +6,9 @@ writes one: the runs the book's stale pages read that the store lacks). Each run
 device and the torch version it ran with (:func:`subfl.experiments.provenance.environment_class`); a page reads it
 through the store's experiment index when no run of its own environment is recorded
 (:func:`subfl_book.store.run_experiment`). Runs are taken in plan order; at ``--minutes`` no new run starts and the
-ones still going are stopped and dropped (the records written so far stay). With ``--pack DIR`` the new records are
+ones still going are stopped (the records written so far stay; a stopped run's checkpoint in ``--work`` lets the
+next call resume it). Killing the planner stops its workers too: SIGTERM/SIGHUP through its handler, and any other
+end (SIGKILL included) within ``PARENT_POLL_S``, as each worker exits when its parent is gone. With ``--pack DIR`` the new records are
 also written, after every finished run, into tar files of at most 15 MB each (``store-1.tar`` …), for a machine
 that hands back only a few files.
 
@@ -19,8 +21,10 @@ import argparse
 import concurrent.futures as cf
 import json
 import multiprocessing
+import os
 import platform
 import shutil
+import signal
 import sys
 import tarfile
 import time
@@ -55,6 +59,31 @@ def compute(entry: dict, device: str, store_dir: str, work_dir: str, data_root: 
     shutil.rmtree(work, ignore_errors=True)
     return {"key": key, "status": "diverged" if result.diverged else "done", "label": config.label(),
             "wall_s": round(time.perf_counter() - start, 1), "final_accuracy": result.summary.get("final_accuracy")}
+
+
+PARENT_POLL_S = 5.0
+"""How often a worker checks that the process that started it is still alive."""
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Worker initializer: end this worker when ``parent`` (the ``compute_runs`` process) is gone, so that killing
+    the planner never leaves workers computing runs the next planner would start again (two processes on one run
+    folder; the run's checkpoint lets the next planner resume it instead)."""
+    import os
+    import threading
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_POLL_S)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def _stop_workers(pool: cf.ProcessPoolExecutor) -> None:
+    for process in list(getattr(pool, "_processes", {}).values()):
+        process.terminate()
 
 
 def pack(store_dir: Path, since: float, out: Path) -> list[Path]:
@@ -117,7 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     log = open(args.log, "a") if args.log else None
     print(f"{len(entries)} runs on {args.device} ({platform.node()}), {args.jobs} processes", flush=True)
     done = 0
-    pool = cf.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"))
+    pool = cf.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"),
+                                  initializer=_exit_with_parent, initargs=(os.getpid(),))
+
+    def on_signal(signum: int, frame: object) -> None:   # SIGTERM / SIGHUP: the workers go too, then exit
+        _stop_workers(pool)
+        raise SystemExit(128 + signum)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
     try:
         pending = {pool.submit(compute, e, args.device, str(args.store), str(args.work), args.data_root,
                                not args.no_verify): e
@@ -129,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"--minutes reached: {len(pending)} runs not finished, stopped", flush=True)
                 for future in pending:
                     future.cancel()
-                for process in list(getattr(pool, "_processes", {}).values()):
-                    process.terminate()
+                _stop_workers(pool)
                 break
             for future in finished:
                 entry = pending.pop(future)

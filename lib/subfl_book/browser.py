@@ -29,6 +29,11 @@ elements of that kind inside the section, so a label survives re-executed figure
 ``raw_latex``         LaTeX visible in the text of the column: ``$...$``, ``$$``, ``\\(``/``\\[``, a command such
                       as ``\\frac`` or ``\\lambda``, or a ``^{...}``/``_{...}`` group -- outside code (``pre``,
                       ``code``, code cells) and outside elements MathJax renders (``.math``, ``mjx-container``).
+``math``              a formula MathJax did not typeset (``math-unrendered``: an element of class ``math`` with no
+                      ``mjx-container`` inside), typeset as an error (``math-error``: TeX MathJax could not parse), or
+                      wider than the column (``math-wide``).  Checked only when the site serves its own MathJax
+                      (``_static/mathjax/``, see :mod:`subfl_book.sphinx_mathjax`): a site that loads MathJax from
+                      its CDN cannot typeset here, where the internet is refused, and its report says so.
 ``repr``              an object repr in the column outside code cells' sources: ``<matplotlib....>``,
                       ``<Figure size ...>`` or ``<... at 0x...>`` (the address is written ``0x…`` in the label, as
                       it changes every run).
@@ -57,7 +62,7 @@ from urllib.parse import unquote, urlsplit
 from urllib.request import url2pathname
 
 CATEGORIES = ("figure_overflow", "figure_shrunk", "figure_no_alt", "figure_no_caption", "table_overflow",
-              "code_overflow", "broken_link", "raw_latex", "repr")
+              "code_overflow", "broken_link", "raw_latex", "math", "repr")
 WIDTH = 1280
 HEIGHT = 900
 SCREENSHOT_HEIGHT = 2000
@@ -65,6 +70,22 @@ SHRINK = 0.6
 COLUMN_SELECTORS = ("article.bd-article", "main#main-content", "main", "body")
 SCREENSHOT_PAGES = ("book/spectral/ablations.html", "book/caff/heterogeneous.html", "book/prism/index.html")
 CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+MATHJAX_SECONDS = 30
+"""How long a page may take MathJax to typeset before the check measures it anyway (its formulas then count as
+unrendered)."""
+LOCAL_MATHJAX = "_static/mathjax/tex-mml-chtml.js"
+"""A site holding this file serves its own MathJax (:mod:`subfl_book.sphinx_mathjax`), so its math is checked."""
+
+# Resolves once MathJax has typeset the page: "typeset", "failed" (startup rejected), "absent" (no MathJax loaded)
+# or "timeout".
+_MATHJAX_JS = r"""
+(seconds) => {
+  const mj = window.MathJax;
+  if (!mj || !mj.startup || !mj.startup.promise) return 'absent';
+  const timer = new Promise(done => setTimeout(() => done('timeout'), seconds * 1000));
+  return Promise.race([mj.startup.promise.then(() => 'typeset', () => 'failed'), timer]);
+}
+"""
 
 # Measured in the page; returns plain data, judged in Python (see `_judge`).
 _MEASURE_JS = r"""
@@ -172,6 +193,16 @@ _MEASURE_JS = r"""
     const sec = b.closest('section[id]');
     out.latex.push({section: sec ? sec.id : 'top', text});
   }
+  // Formulas: typeset, without error, within the column.
+  out.math = [];
+  for (const m of col.querySelectorAll('.math')) {
+    if (m.parentElement.closest('.math')) continue;
+    const box = m.querySelector('mjx-container');
+    if (!box) { out.math.push({item: label('math-unrendered', m), text: m.textContent.slice(0, 80)}); continue; }
+    if (box.querySelector('mjx-merror')) out.math.push({item: label('math-error', m), text: m.textContent.slice(0, 80)});
+    const w = widths(box);
+    if (wider(w) || scrolls(box)) out.math.push({item: label('math-wide', m), width: w.width, scroll: w.scroll});
+  }
   // Reprs: anywhere in the column but the code cells' sources.
   for (const o of col.querySelectorAll('.cell_output, .output, p, li, td')) {
     if (o.closest('.cell_input') || (o.parentElement && o.parentElement.closest('.cell_output, .output'))) continue;
@@ -248,8 +279,8 @@ _REFRESH_RE = re.compile(r"""<meta\s+http-equiv=["']refresh["']\s+content=["'][^
 _ID_RE = re.compile(r"""\s(?:id|name)\s*=\s*["']([^"']+)["']""")
 
 
-def _judge(page: PageReport, data: dict, failed: list[str], site: Path, ids_of) -> None:
-    """Turn what the page measured into violations."""
+def _judge(page: PageReport, data: dict, failed: list[str], site: Path, ids_of, check_math: bool = True) -> None:
+    """Turn what the page measured into violations (formulas only with ``check_math``)."""
     page.column = data["column"]
     for rec in data["overflow"]:
         page.add(rec.pop("category"), rec.pop("item"), **rec)
@@ -300,6 +331,9 @@ def _judge(page: PageReport, data: dict, failed: list[str], site: Path, ids_of) 
         for m in _LATEX.finditer(block["text"]):
             context = block["text"][max(0, m.start() - 40): m.end() + 40].replace("\n", " ")
             page.add("raw_latex", f"{m.group(0)[:60]} in #{block['section']}", context=context)
+    if check_math:
+        for rec in data["math"]:
+            page.add("math", rec.pop("item"), **rec)
     for block in data["reprs"]:
         for m in _REPR.finditer(block["text"]):
             text = re.sub(r"0x[0-9a-fA-F]+", "0x…", m.group(0))
@@ -319,6 +353,7 @@ def check_site(site: Path | str = "_build/html", screenshots: Path | str | None 
     if chromium is None:
         raise FileNotFoundError("Chromium not found (install Debian's `chromium`, or set SUBFL_CHROMIUM)")
     pages = site_pages(site) if pages is None else [Path(p).resolve() for p in pages]
+    check_math = (site / LOCAL_MATHJAX).is_file()
     shots_dir = Path(screenshots) if screenshots else None
     if shots_dir:
         shots_dir.mkdir(parents=True, exist_ok=True)
@@ -341,6 +376,7 @@ def check_site(site: Path | str = "_build/html", screenshots: Path | str | None 
             handler = lambda req, failed=failed: failed.append(req.url)  # noqa: E731
             tab.on("requestfailed", handler)
             tab.goto(path.as_uri(), wait_until="load")
+            mathjax = tab.evaluate(_MATHJAX_JS, MATHJAX_SECONDS) if check_math else "not checked"
             tab.evaluate("document.fonts.ready.then(() => true)")
             if shots_dir and rel in screenshot_pages:
                 height = tab.evaluate("document.documentElement.scrollHeight")
@@ -350,6 +386,7 @@ def check_site(site: Path | str = "_build/html", screenshots: Path | str | None 
                 shots.append(str(out))
             tab.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")
             data = tab.evaluate(_MEASURE_JS, {"selectors": list(COLUMN_SELECTORS)})
+            data["mathjax"] = mathjax
             tab.remove_listener("requestfailed", handler)
             ids_cache[path.resolve()] = set(data["ids"])
             measured[rel] = (data, failed)
@@ -369,7 +406,7 @@ def check_site(site: Path | str = "_build/html", screenshots: Path | str | None 
             if not target.exists():
                 page.add("broken_link", f"redirect {data['redirect']}")
         else:
-            _judge(page, data, failed, site, ids_of)
+            _judge(page, data, failed, site, ids_of, check_math=check_math)
         reports[rel] = page
     totals = {c: sum(len(p.violations[c]) for p in reports.values()) for c in CATEGORIES}
     columns = Counter(f"{p.column['selector']} {p.column['width']}px" for p in reports.values() if p.column)
@@ -378,6 +415,8 @@ def check_site(site: Path | str = "_build/html", screenshots: Path | str | None 
         "window": {"width": WIDTH, "height": HEIGHT},
         "column": dict(columns),
         "seconds": round(time.perf_counter() - started, 1),
+        "math": ("checked: the site serves its own MathJax" if check_math else
+                 "not checked: the site loads MathJax from its CDN (run `make mathjax`, then rebuild)"),
         "screenshots": shots,
         "totals": totals,
         "pages": {rel: {"violations": {c: v for c, v in p.violations.items() if v},
@@ -400,7 +439,7 @@ def baseline(report: dict) -> dict:
 
 SHORT = {"figure_overflow": "fig-wide", "figure_shrunk": "fig-small", "figure_no_alt": "no-alt",
          "figure_no_caption": "no-cap", "table_overflow": "tables", "code_overflow": "code",
-         "broken_link": "links", "raw_latex": "latex", "repr": "reprs"}
+         "broken_link": "links", "raw_latex": "latex", "math": "math", "repr": "reprs"}
 
 
 def summary(report: dict) -> str:
@@ -421,7 +460,8 @@ def summary(report: dict) -> str:
                  f"{report['totals']['figure_no_alt']}, without caption {report['totals']['figure_no_caption']}, "
                  f"tables overflowing {report['totals']['table_overflow']}, code blocks overflowing "
                  f"{report['totals']['code_overflow']} ({folded} in folded cells), broken links "
-                 f"{report['totals']['broken_link']}, raw LaTeX {report['totals']['raw_latex']}, "
+                 f"{report['totals']['broken_link']}, raw LaTeX {report['totals']['raw_latex']}, formulas "
+                 f"{report['totals']['math']} ({report['math']}), "
                  f"reprs {report['totals']['repr']}")
     lines.append(f"{len(report['pages'])} pages, window {report['window']['width']} px, "
                  f"column {', '.join(report['column'])}, checked in {report['seconds']} s")

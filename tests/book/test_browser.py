@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from subfl_book import browser
+from subfl_book import browser, sphinx_mathjax
 
 ROOT = Path(__file__).resolve().parents[2]
 BASELINE = Path(__file__).with_name("browser_baseline.json")
@@ -96,9 +96,44 @@ def test_checker_finds_each_kind_of_violation(tmp_path):
     assert "figure_shrunk" not in got
 
 
+MATHJAX = ROOT / sphinx_mathjax.SOURCE_DIR
+needs_mathjax = pytest.mark.skipif(sphinx_mathjax.local_mathjax(ROOT) is None,
+                                   reason="MathJax not installed in _mathjax/ (`make mathjax` needs npm)")
+
+
+@needs_chromium
+@needs_mathjax
+def test_checker_finds_formulas_mathjax_did_not_typeset(tmp_path):
+    """With the site's own MathJax: a good formula passes; one without delimiters (never typeset), a TeX error and a
+    too-wide display fail."""
+    shutil.copytree(MATHJAX, tmp_path / "_static" / "mathjax")
+    head = "<script defer src='_static/mathjax/tex-mml-chtml.js'></script>"
+    long = " + ".join(f"x_{{{i}}}" for i in range(200))
+    (tmp_path / "index.html").write_text(_page(f"""
+      <section id="good"><p>Fine <span class="math">\\(\\frac{{a}}{{b}}\\)</span>.</p></section>
+      <section id="bad">
+        <p>Undelimited <span class="math">x + y</span>,
+           broken <span class="math">\\(\\frac{{a}}\\)</span>.</p>
+        <div class="math">\\[{long}\\]</div>
+      </section>""", head=head))
+    report = browser.check_site(tmp_path, pages=[tmp_path / "index.html"])
+    assert report["math"].startswith("checked")
+    got = report["pages"]["index.html"]["violations"].get("math", [])
+    assert got == ["math-unrendered 1 in #bad", "math-error 1 in #bad", "math-wide 1 in #bad"], got
+
+
+def test_sphinx_mathjax_finds_the_installed_copy(tmp_path):
+    assert sphinx_mathjax.local_mathjax(tmp_path) is None
+    (tmp_path / "_mathjax").mkdir()
+    (tmp_path / "_mathjax" / "tex-mml-chtml.js").write_text("// MathJax")
+    assert sphinx_mathjax.local_mathjax(tmp_path) == tmp_path / "_mathjax"
+
+
 @needs_chromium
 def test_site_has_no_violation_beyond_the_baseline(site):
     report = browser.check_site(site)
+    if sphinx_mathjax.local_mathjax(ROOT) is not None and not os.environ.get("SUBFL_BOOK_SITE"):
+        assert report["math"].startswith("checked"), report["math"]   # the fresh build serves its own MathJax
     base = json.loads(BASELINE.read_text())
     expected = browser.violations({"pages": {p: {"violations": v} for p, v in base["pages"].items()}})
     found = browser.violations(report)

@@ -100,3 +100,61 @@ def test_compute_runs_without_verification_reads_a_repacked_copy(tmp_path):
         statuses[bool(flag)] = json.loads(log.read_text())
     assert statuses[False]["status"] == "failed" and "sha256" in statuses[False]["error"]
     assert statuses[True]["status"] == "done"
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process parents from /proc (Linux)")
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
+def test_killing_compute_runs_ends_its_workers(tmp_path, signal_name):
+    """A planner killed mid-run (SIGKILL: at once; SIGTERM: through its handler) leaves no worker computing:
+    the worker notices its parent is gone within PARENT_POLL_S (5 s) and exits, its checkpoint kept."""
+    import signal
+    import time
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps([{"config": CONFIG.replace(rounds=100000).to_dict(), "keep_state": False}]))
+    work = tmp_path / "work"
+    workers: list[int] = []
+    planner = subprocess.Popen([sys.executable, str(SCRIPTS / "compute_runs.py"), str(plan), "--device", "cpu",
+                                "--store", str(tmp_path / "store"), "--work", str(work)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(work.glob("*/checkpoint.pt")):      # the worker is training
+            assert time.monotonic() < deadline and planner.poll() is None, "the run never started"
+            time.sleep(0.5)
+        workers += [pid for pid in _children(planner.pid)
+                    if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")]
+        assert workers
+        planner.send_signal(getattr(signal, signal_name))
+        planner.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not any(_alive(pid) for pid in workers), f"workers {workers} outlived the planner ({signal_name})"
+        assert list(work.glob("*/checkpoint.pt"))          # the next planner resumes from here
+    finally:
+        if planner.poll() is None:
+            planner.kill()
+        for pid in [pid for pid in workers if _alive(pid)]:   # a failed check leaves no process behind
+            os.kill(pid, signal.SIGKILL)
