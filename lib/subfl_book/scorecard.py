@@ -18,13 +18,13 @@ import json
 import os
 import re
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 from subfl.experiments.runner import RunResult
 
 from .claims import Claim, Register, load_register
-from .verdict import Band, Verdict, fmt, judge_bound, judge_exact, judge_order, judge_trend
+from .verdict import Band, Verdict, fmt, judge_best, judge_bound, judge_exact, judge_order, judge_trend
 
 SCORECARD_LOG_ENV = "SUBFL_PAGE_SCORECARD"
 """The file the pipeline reads a page's scorecard rows from (one JSON object per line)."""
@@ -151,6 +151,22 @@ class Scorecard:
         self._add(c, verdict, statement=f"{c.statement} — {what}", paper=c.paper_label() if c.value is not None
                   else "stated", ours=_pair_label(above, below, analytic), config=config,
                   scale="analytic" if analytic else None)
+        return verdict
+
+    def stated_best(self, claim: str, ours: float | Iterable[float], rivals: Mapping[str, float | Iterable[float]],
+                    *, what: str, chance: float | None = None, higher_is_better: bool = True, analytic: bool = False,
+                    config: Any = None) -> Verdict:
+        """A claim that one method is the best of several (``claim``): ours against every named rival
+        (:func:`~subfl_book.verdict.judge_best`); the row shows our band and each rival's mean, best first."""
+        c = self._claim(claim)
+        mine = Band.of(ours, chance)
+        bands = {name: Band.of(values, chance) for name, values in rivals.items()}
+        verdict = judge_best(mine, list(bands.values()), chance=chance, higher_is_better=higher_is_better,
+                             scale=self.scale, analytic=analytic, names=list(bands))
+        order = sorted(bands, key=lambda n: -bands[n].mean if higher_is_better else bands[n].mean)
+        label = mine.label(analytic) + " vs " + ", ".join(f"{n} {bands[n].label(analytic)}" for n in order)
+        self._add(c, verdict, statement=f"{c.statement} — {what}", paper=c.paper_label() if c.value is not None
+                  else "stated", ours=label, config=config, scale="analytic" if analytic else None)
         return verdict
 
     def bound(self, claim: str, ours: float | Iterable[float], *, at_most: bool, limit: float | None = None,

@@ -127,7 +127,10 @@ def render(root: Path) -> str:
              "*inconclusive* with fewer than 3 seeds on a side, when the bands overlap (a bound: when the band "
              "straddles the limit), or at the `ci` smoke-test scale; *near-chance* when every compared value closed "
              "less than 10 % of the gap from chance to a perfect score; otherwise *same* when the paper's ordering, "
-             "bound or trend holds beyond the bands and *differs* when the opposite does. *not-run*: no page judges "
+             "bound or trend holds beyond the bands and *differs* when the opposite does. A trend is judged step by "
+             "step along its sweep, and a claim that one method is the best of several against every rival, not "
+             "only the one with the best mean: *same* needs every step or rival to go the paper's way beyond the "
+             "bands, one going the other way beyond them makes it *differs*. *not-run*: no page judges "
              "the claim (the reason is given). A claim judged on several pages takes the first of "
              f"{', '.join(COMBINE_ORDER)} among its rows.", "",
              "Absolute accuracies of the papers' full-scale runs are not reproduced at the `cpu` scale; the pages "

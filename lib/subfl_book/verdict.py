@@ -21,6 +21,10 @@ and scale gates: the ordering holds (``same``) or not (``differs``).
 
 A trend (a sweep the paper says moves one way) is judged pair by pair along the sweep: ``differs`` if any adjacent
 pair is reversed beyond the bands, ``same`` if every pair holds beyond them, else ``inconclusive``.
+
+A claim that one thing is the best of several ("PriSM's server model is the most accurate") is judged against every
+rival, not only the one with the best mean: ``differs`` if any rival is ahead beyond the bands, ``same`` only if it
+is ahead of every rival beyond them, else ``inconclusive``.
 """
 from __future__ import annotations
 
@@ -249,3 +253,31 @@ def judge_trend(paper_values: Sequence[float], ours: Sequence[Band], *, chance: 
     if all(s == "same" for s in statuses):
         return Verdict("same", "every step goes the paper's way beyond the seed spread")
     return Verdict("inconclusive", f"{statuses.count('inconclusive')} of {len(pairs)} steps within the seed spread")
+
+
+def judge_best(ours: Band, rivals: Sequence[Band], *, chance: float | None = None, higher_is_better: bool = True,
+               scale: str = "cpu", analytic: bool = False, names: Sequence[str] | None = None) -> Verdict:
+    """The paper says ``ours`` (one method) is the best of it and ``rivals``: judged against each rival
+    (:func:`judge_order`), so a rival with a wide seed spread cannot hide behind one with a better mean. ``names``
+    (one per rival) name the rivals in the reason."""
+    if not rivals:
+        raise ValueError("a best-of claim needs at least one rival")
+    if names is not None and len(names) != len(rivals):
+        raise ValueError(f"names has {len(names)} entries; accepted: one per rival ({len(rivals)})")
+    names = list(names) if names is not None else [f"rival {k + 1}" for k in range(len(rivals))]
+    bands = [ours, *rivals]
+    gate = _gates(bands, scale, analytic)
+    if gate:
+        return gate
+    if _near_chance(bands, chance, higher_is_better):
+        return Verdict("near-chance", f"every value within {NEAR_CHANCE:.0%} of the gap above chance {chance:g}")
+    sign = 1.0 if higher_is_better else -1.0
+    statuses = [judge_order(sign, -sign, ours, rival, scale=scale, analytic=analytic).status for rival in rivals]
+    if "differs" in statuses:
+        ahead = ", ".join(n for n, st in zip(names, statuses) if st == "differs")
+        return Verdict("differs", f"{ahead} ahead beyond the seed spread")
+    if all(st == "same" for st in statuses):
+        return Verdict("same", f"ahead of all {len(rivals)} rivals beyond the seed spread")
+    level = ", ".join(n for n, st in zip(names, statuses) if st != "same")
+    return Verdict("inconclusive", f"{statuses.count('inconclusive')} of {len(rivals)} rivals within the seed spread "
+                                   f"({level})")

@@ -62,6 +62,17 @@ def test_reversed_order_two_seeds_bound_and_exact():
         c.order("nope", "t1-prism", [1], [1])
 
 
+def test_best_of_row_lists_every_rival_best_first():
+    c = card()
+    v = c.stated_best("t1-prism", [82.0, 83.0, 82.5], {"SplitMix": [80.0, 81.0, 80.5], "OrthDrop": [78.0, 83.0, 80.5]},
+                      what="PriSM vs its rivals", chance=50.0)
+    assert v.status == "inconclusive" and "1 of 2" in v.reason    # OrthDrop's band (78–83) reaches PriSM's
+    row = c.rows[0]
+    assert row.ours == "82.5 ± 0.5 (n = 3) vs SplitMix 80.5 ± 0.5 (n = 3), OrthDrop 80.5 ± 2.5 (n = 3)"
+    assert row.statement.endswith("— PriSM vs its rivals") and row.paper == "85.3 ± 0.4 %"
+    assert c.stated_best("t1-prism", [82.0, 83.0, 82.5], {"SplitMix": [80.0, 81.0, 80.5]}, what="x").status == "same"
+
+
 def test_ci_scale_rows_are_inconclusive():
     assert card("ci").order("t1-prism", "t1-orthdrop", [70, 71, 72], [50, 51, 52]).status == "inconclusive"
 

@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from subfl_book.verdict import (MIN_SEEDS, STATUSES, Band, Verdict, judge_bound, judge_exact, judge_order,
-                                judge_trend, rounding_tolerance)
+from subfl_book.verdict import (MIN_SEEDS, STATUSES, Band, Verdict, judge_best, judge_bound, judge_exact,
+                                judge_order, judge_trend, rounding_tolerance)
 
 
 def test_band_mean_and_sample_sd():
@@ -93,6 +93,30 @@ def test_trend_pairwise():
     assert v.status == "inconclusive" and "1 of 2" in v.reason
     with pytest.raises(ValueError, match="trend"):
         judge_trend([1], up[:1])
+
+
+def test_best_of_is_judged_against_every_rival():
+    """IMDB's Fig. 7 at 3 seeds: PriSM 82.5 ± 0.56 is ahead of SplitMix (81.0 ± 0.79, the best rival mean) beyond
+    the bands, but OrthDrop's 80.5 ± 2.0 band reaches 82.5, so "PriSM is the best" is not shown."""
+    prism = Band.of([81.9, 83.0, 82.65])
+    splitmix, orthdrop, origdrop = Band.of([81.7, 81.15, 80.15]), Band.of([82.15, 78.25, 81.0]), \
+        Band.of([79.65, 72.95, 79.8])
+    assert judge_order(1, 0, prism, splitmix).status == "same"
+    v = judge_best(prism, [splitmix, orthdrop, origdrop])
+    assert v.status == "inconclusive" and "1 of 3" in v.reason          # OrthDrop's band overlaps PriSM's
+    assert judge_best(prism, [splitmix]).status == "same"
+    assert judge_best(splitmix, [prism, orthdrop]).status == "differs"   # PriSM ahead of it beyond the bands
+    named = judge_best(prism, [splitmix, orthdrop], names=["SplitMix", "OrthDrop"])
+    assert named.reason == "1 of 2 rivals within the seed spread (OrthDrop)"
+    assert judge_best(splitmix, [prism], names=["PriSM"]).reason == "PriSM ahead beyond the seed spread"
+    with pytest.raises(ValueError, match="names"):
+        judge_best(prism, [splitmix], names=["a", "b"])
+    loss = judge_best(Band.of([1.0, 1.1, 1.05]), [Band.of([2.0, 2.1, 2.2])], higher_is_better=False)
+    assert loss.status == "same"
+    assert judge_best(Band.of([10.5, 10.6, 10.4]), [Band.of([10.2, 10.1, 10.3])], chance=10).status == "near-chance"
+    assert judge_best(prism, [Band.of([80.0, 81.0])]).status == "inconclusive"   # 2 seeds
+    with pytest.raises(ValueError, match="rival"):
+        judge_best(prism, [])
 
 
 def test_no_run_and_unknown_status():

@@ -65,6 +65,19 @@ def stated_accuracy_order(card: Scorecard, claim: str, acc: Mapping[Hashable, Se
                              what=f"{what}, {setting} (final accuracy, %)")
 
 
+def stated_accuracy_best(card: Scorecard, claim: str, acc: Mapping[Hashable, Sequence[float]],
+                         configs: Mapping[Hashable, ExperimentConfig], first: Hashable, rivals: Iterable[Hashable], *,
+                         names: Mapping[Hashable, str], what: str, setting: str, chance: float) -> Verdict:
+    """Scores a claim that ``first`` is the most accurate of it and ``rivals`` (Fig. 5, Fig. 7, Sec. 4.3, the
+    conclusion) against every rival's final accuracies (per seed, in %; rivals absent from ``acc`` are skipped),
+    :meth:`Scorecard.stated_best`."""
+    present = {names.get(m, str(m)): acc[m] for m in rivals if m in acc}
+    if not present:
+        raise ValueError("none of the rivals has accuracies")
+    return card.stated_best(claim, acc[first], present, chance=chance, config=configs[first],
+                            what=f"{what}, {setting} (final accuracy, %)")
+
+
 def prism_drop_bound(card: Scorecard, claim: str, acc: Mapping[str, Sequence[float]],
                      configs: Mapping[str, ExperimentConfig], *, setting: str, reading: str,
                      limit: float = 2.0) -> Verdict:
