@@ -61,6 +61,8 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 from urllib.request import url2pathname
 
+from . import sphinx_mathjax
+
 CATEGORIES = ("figure_overflow", "figure_shrunk", "figure_no_alt", "figure_no_caption", "table_overflow",
               "code_overflow", "broken_link", "raw_latex", "math", "repr")
 WIDTH = 1280
@@ -73,7 +75,7 @@ CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-
 MATHJAX_SECONDS = 30
 """How long a page may take MathJax to typeset before the check measures it anyway (its formulas then count as
 unrendered)."""
-LOCAL_MATHJAX = "_static/mathjax/tex-mml-chtml.js"
+LOCAL_MATHJAX = f"_static/{sphinx_mathjax.SITE_DIR}/{sphinx_mathjax.COMPONENT}"
 """A site holding this file serves its own MathJax (:mod:`subfl_book.sphinx_mathjax`), so its math is checked."""
 
 # Resolves once MathJax has typeset the page: "typeset", "failed" (startup rejected), "absent" (no MathJax loaded)
@@ -376,7 +378,8 @@ def check_site(site: Path | str = "_build/html", screenshots: Path | str | None 
             handler = lambda req, failed=failed: failed.append(req.url)  # noqa: E731
             tab.on("requestfailed", handler)
             tab.goto(path.as_uri(), wait_until="load")
-            mathjax = tab.evaluate(_MATHJAX_JS, MATHJAX_SECONDS) if check_math else "not checked"
+            if check_math:   # typeset before measuring (a page MathJax fails on shows its formulas unrendered)
+                tab.evaluate(_MATHJAX_JS, MATHJAX_SECONDS)
             tab.evaluate("document.fonts.ready.then(() => true)")
             if shots_dir and rel in screenshot_pages:
                 height = tab.evaluate("document.documentElement.scrollHeight")
@@ -386,7 +389,6 @@ def check_site(site: Path | str = "_build/html", screenshots: Path | str | None 
                 shots.append(str(out))
             tab.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")
             data = tab.evaluate(_MEASURE_JS, {"selectors": list(COLUMN_SELECTORS)})
-            data["mathjax"] = mathjax
             tab.remove_listener("requestfailed", handler)
             ids_cache[path.resolve()] = set(data["ids"])
             measured[rel] = (data, failed)
