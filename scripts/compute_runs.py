@@ -8,7 +8,8 @@ through the store's experiment index when no run of its own environment is recor
 (:func:`subfl_book.store.run_experiment`). Runs are taken in plan order; at ``--minutes`` no new run starts and the
 ones still going are stopped (the records written so far stay; a stopped run's checkpoint in ``--work`` lets the
 next call resume it). Killing the planner stops its workers too: SIGTERM/SIGHUP through its handler, and any other
-end (SIGKILL included) within ``PARENT_POLL_S``, as each worker exits when its parent is gone. With ``--pack DIR`` the new records are
+end (SIGKILL included) within ``PARENT_POLL_S``, as each worker exits when its parent is gone. With ``--pack DIR``
+the new records are
 also written, after every finished run, into tar files of at most 15 MB each (``store-1.tar`` …), for a machine
 that hands back only a few files.
 
@@ -69,7 +70,6 @@ def _exit_with_parent(parent: int) -> None:
     """Worker initializer: end this worker when ``parent`` (the ``compute_runs`` process) is gone, so that killing
     the planner never leaves workers computing runs the next planner would start again (two processes on one run
     folder; the run's checkpoint lets the next planner resume it instead)."""
-    import os
     import threading
 
     def watch() -> None:

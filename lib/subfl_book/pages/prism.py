@@ -67,10 +67,12 @@ def stated_accuracy_order(card: Scorecard, claim: str, acc: Mapping[Hashable, Se
 
 def stated_accuracy_best(card: Scorecard, claim: str, acc: Mapping[Hashable, Sequence[float]],
                          configs: Mapping[Hashable, ExperimentConfig], first: Hashable, rivals: Iterable[Hashable], *,
-                         names: Mapping[Hashable, str], what: str, setting: str, chance: float) -> Verdict:
+                         what: str, setting: str, chance: float,
+                         names: Mapping[Hashable, str] | None = None) -> Verdict:
     """Scores a claim that ``first`` is the most accurate of it and ``rivals`` (Fig. 5, Fig. 7, Sec. 4.3, the
     conclusion) against every rival's final accuracies (per seed, in %; rivals absent from ``acc`` are skipped),
-    :meth:`Scorecard.stated_best`."""
+    :meth:`Scorecard.stated_best`. ``names``: how the row names each rival (default: its method name)."""
+    names = names or {}
     present = {names.get(m, str(m)): acc[m] for m in rivals if m in acc}
     if not present:
         raise ValueError("none of the rivals has accuracies")
