@@ -1,8 +1,9 @@
 """Plan: the runs the given pages read that the store lacks (to compute them elsewhere with ``compute_runs.py``).
 
 Each page's code cells run at the ``cpu`` scale with a stand-in for every run the store lacks: the record of the
-most similar stored run (same method, dataset and model where there is one) under the asked config, so the page
-goes on to ask for its next runs. What the page computes from stand-ins is thrown away; only the list of missing
+most similar stored run (same method, dataset and model where there is one) under the asked config, with the
+method's initial server state for its weights (built from the asked config, so an analysis of final weights gets
+tensors of the right shapes), so the page goes on to ask for its next runs. What the page computes from stand-ins is thrown away; only the list of missing
 runs is kept. A page whose analysis breaks on a stand-in stops early and its plan may be incomplete: the output
 names the error, and re-planning after its first runs are recorded finds the rest.
 
@@ -27,6 +28,17 @@ def plan_page(page: Path) -> tuple[list[dict], str | None]:
     import subfl_book
     import subfl_book.store as store
 
+    class StandIn(store.StoredRun):
+        """A stored record under the asked config; its weights are the method's initial server state."""
+
+        def state(self):
+            from subfl.experiments.runner import prepare_data, server_context
+            from subfl.methods import make_method
+
+            dataset, _, _ = prepare_data(self.config)
+            method = make_method(self.config.method, **dict(self.config.method_options))
+            return method.init(server_context(self.config, dataset, device="cpu"))
+
     records = [json.loads(gzip.decompress(p.read_bytes())) for p in store.store_root().glob("??/*.json.gz")]
     if not records:
         raise SystemExit("the store holds no record to stand in for a missing run")
@@ -46,7 +58,7 @@ def plan_page(page: Path) -> tuple[list[dict], str | None]:
                                          "label": config.label()})
         entry["keep_state"] |= keep_state
         stand_in = max(records, key=lambda r: similarity(r, config))
-        return store.StoredRun(config, stand_in, Path("/nonexistent/stand-in.state.pt"))
+        return StandIn(config, stand_in, Path("/nonexistent/stand-in.state.pt"))
 
     store.run_experiment = planned_run
     subfl_book.run_experiment = planned_run

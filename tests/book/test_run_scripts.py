@@ -158,3 +158,29 @@ def test_killing_compute_runs_ends_its_workers(tmp_path, signal_name):
             planner.kill()
         for pid in [pid for pid in workers if _alive(pid)]:   # a failed check leaves no process behind
             os.kill(pid, signal.SIGKILL)
+
+
+def test_plan_goes_on_past_a_page_that_reads_final_weights(tmp_path):
+    """A missing run's stand-in has the asked model's initial weights, so a page that analyses final weights goes on
+    to ask for the runs after it (the plan used to stop at the first ``state()``)."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps([{"config": CONFIG.to_dict(), "keep_state": False}]))
+    env = {**os.environ, "SUBFL_STORE_DIR": str(tmp_path / "store")}
+    done = _script("compute_runs.py", str(plan), "--device", "cpu", "--store", str(tmp_path / "store"),
+                   "--work", str(tmp_path / "work"), env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    page = tmp_path / "page.ipynb"
+    source = ("from subfl.experiments import make_config\n"
+              "from subfl_book import store\n"
+              "config = make_config('fedavg', 'digits', scale='ci', rounds=2, max_train_samples=120, seed=7)\n"
+              "weights = store.run_experiment(config, keep_state=True).state()['weights']\n"
+              "width = weights['fc2.weight'].shape[1] if 'fc2.weight' in weights else len(weights)\n"
+              "store.run_experiment(config.replace(seed=100 + width))\n")
+    page.write_text(json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "source": source, "outputs": [],
+                                           "execution_count": None}],
+                                "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    done = _script("plan_runs.py", str(page), "--out", str(tmp_path / "out.json"), env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "stopped early" not in done.stdout, done.stdout
+    planned = json.loads((tmp_path / "out.json").read_text())
+    assert [(p["config"]["seed"] >= 100, p["keep_state"]) for p in planned] == [(False, True), (True, False)]
