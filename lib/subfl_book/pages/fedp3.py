@@ -6,7 +6,7 @@ A *count list* holds one parameter count per layer in forward order, the final f
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from subfl_book.claims import Register
@@ -42,3 +42,45 @@ def table4_counts(register: Register) -> dict[str, list[float]]:
             "CIFAR-100 CNN": [conv1[0], conv2, fc1, fc2, fc3[1]],
             "Fashion-MNIST CNN": [conv1[1], conv2, fc1, fc2, fc3[0]],
             "EMNIST-L MLP": [paper_value(register, f"t4-mlp-fc{i}") for i in range(1, 5)]}
+
+
+def top_class_share(labels: Any, parts: Sequence[Any], k: int = 4) -> list[float]:
+    """App. B.2: per client, the share of its samples that belong to its ``k`` most frequent classes (a client's
+    ``parts`` entry indexes ``labels``). Raises ``ValueError`` for ``k < 1`` or an empty client."""
+    import numpy as np
+
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k={k!r} is not valid; accepted: an integer >= 1")
+    labels = np.asarray(labels)
+    shares = []
+    for i, part in enumerate(parts):
+        counts = np.bincount(labels[np.asarray(part)])
+        if counts.sum() == 0:
+            raise ValueError(f"client {i} holds no sample")
+        shares.append(float(np.sort(counts)[::-1][:k].sum() / counts.sum()))
+    return shares
+
+
+def split_skew_rows(config: Any, data_root: Any = None, *, k: int = 4, recipes: Mapping[str, dict] | None = None
+                    ) -> list[dict[str, Any]]:
+    """The top-``k`` class share (:func:`top_class_share`) of every client of ``config``'s split, and of each of
+    ``recipes`` (name → :func:`subfl.data.make_partition` arguments) drawn on the same training set with the same
+    number of clients and partition seed. One row per split: mean, sd, min and max over the clients."""
+    import numpy as np
+
+    from subfl.data import make_partition
+    from subfl.experiments.runner import prepare_data
+    from subfl.fl import numpy_rng
+
+    dataset, _, parts = prepare_data(config, data_root)
+    splits = {"run's split": parts}
+    for name, kwargs in (recipes or {}).items():
+        kwargs = dict(kwargs)
+        splits[name] = make_partition(kwargs.pop("name"), dataset.train.labels, config.num_clients,
+                                      numpy_rng(config.seed, "partition"), **kwargs)
+    rows = []
+    for name, split in splits.items():
+        shares = np.array(top_class_share(dataset.train.labels, split, k))
+        rows.append({"dataset": config.dataset, "seed": config.seed, "split": name, "clients": len(split),
+                     "mean": shares.mean(), "sd": shares.std(ddof=1), "min": shares.min(), "max": shares.max()})
+    return rows

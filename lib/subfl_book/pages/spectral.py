@@ -189,3 +189,74 @@ def sampling_distribution_rows(spectra: Mapping[str, np.ndarray], keep_ratio: fl
             row[f"{arm}: kept share of ‖W‖²"] = float(pi @ lam**2) / energy if energy > 0 else _NAN
         rows.append(row)
     return rows
+
+
+def term_gradient_scales(model: torch.nn.Module, layer: str, indices: Sequence[int], omegas: Sequence[float], *,
+                         inputs: torch.Tensor, targets: torch.Tensor, tau: float = 10.0) -> pd.DataFrame:
+    """Sec. 3.3: in a sub-model computing ``Ŵ = U'_S diag(ω_S) V'_S`` the gradients of each term carry its multiplier,
+    ``∂L/∂u'_i = ω_i (∂L/∂Ŵ) v'_i`` and ``∂L/∂v'_i = ω_i (∂L/∂Ŵ)ᵀ u'_i``, so ``ω_i`` scales the term's learning rate.
+
+    Builds the library's sub-model of ``model`` (terms ``indices`` of ``layer`` with ``omegas``), takes the gradients
+    of the cross-entropy on ``(inputs, targets)``, and the gradient ``G = ∂L/∂Ŵ`` of a dense copy whose ``layer``
+    holds ``Ŵ``, all in float64. One row per term: ``omega``; ``scale``, ``‖∂L/∂u'_i‖ / ‖G v'_i‖`` (the multiplier the gradient
+    carries); ``relative error`` of both gradients against ``ω_i G v'_i`` and ``ω_i Gᵀ u'_i``; ``scale with ClipLR``,
+    the same ratio after :func:`subfl.methods.spectral.clip_gradients` with ``tau`` (``ω_i min(1, τ/ω_i)``).
+    """
+    import copy
+
+    from subfl.methods.spectral import clip_gradients
+    from subfl.models.factorized import build_submodel, decompose, dense_weight, factorized_modules, layer_specs
+
+    model = copy.deepcopy(model).double()  # float64 throughout, so the identity is checked to ~1e-12
+    inputs = inputs.double() if inputs.is_floating_point() else inputs
+    omega = torch.as_tensor(omegas, dtype=torch.float64)
+    sub = build_submodel(model, decompose(model, [layer]), {layer: list(indices)}, {layer: omega})
+    f = factorized_modules(sub)[layer]
+    torch.nn.functional.cross_entropy(sub(inputs), targets).backward()
+    dense = copy.deepcopy(model)
+    target_layer = dense.get_submodule(layer)
+    with torch.no_grad():
+        target_layer.weight.copy_(dense_weight(f.u.detach() * omega, f.v.detach(), layer_specs(model, [layer])[layer]))
+    dense.zero_grad()
+    torch.nn.functional.cross_entropy(dense(inputs), targets).backward()
+    g = target_layer.weight.grad.double().reshape(target_layer.weight.shape[0], -1)
+    u, v = f.u.detach().double(), f.v.detach().double().reshape(f.rank, -1)
+    free_u, free_v = g @ v.T, (u.T @ g)  # the ω-free factors G v'_i (columns) and Gᵀ u'_i (rows)
+    grad_u, grad_v = f.u.grad.double().clone(), f.v.grad.double().reshape(f.rank, -1).clone()
+    clip_gradients(sub, tau)()
+    clipped_u = f.u.grad.double()
+    w = omega.double()
+    rows = []
+    for i in range(f.rank):
+        norm = float(free_u[:, i].norm())
+        err_u = float((grad_u[:, i] - w[i] * free_u[:, i]).norm() / (w[i] * norm))
+        err_v = float((grad_v[i] - w[i] * free_v[i]).norm() / (w[i] * free_v[i].norm()))
+        rows.append({"term": int(indices[i]), "omega": float(w[i]), "scale": float(grad_u[:, i].norm()) / norm,
+                     "relative error": max(err_u, err_v),
+                     "scale with ClipLR": float(clipped_u[:, i].norm()) / norm})
+    return pd.DataFrame(rows)
+
+
+def schatten_solver_rows(spectra: Mapping[str, np.ndarray], keep_ratios: Sequence[float], ps: Sequence[float], *,
+                         tolerance: float = 1e-6) -> pd.DataFrame:
+    """App. A's remark that the Schatten-p marginals became hard to optimise numerically above p = 4: for each
+    spectrum, keep ratio and ``p``, the generic optimiser (:func:`subfl.sampling.schatten_inclusion` with
+    ``method="slsqp"``) against the library's exact KKT solution (``method="kkt"``). Columns: ``spectrum``,
+    ``keep ratio``, ``p``, ``n``, ``SLSQP converged``, ``SLSQP excess`` (its objective over the KKT one, minus 1;
+    NaN when it failed) and ``SLSQP optimal`` (converged, and within ``tolerance`` of the exact objective)."""
+    from subfl.sampling.inclusion import schatten_discrepancy, schatten_inclusion
+
+    rows = []
+    for label, lam in spectra.items():
+        for r in keep_ratios:
+            n = sampling.keep_count(len(lam), r)
+            for p in ps:
+                exact = schatten_discrepancy(lam, schatten_inclusion(lam, n, p), p)
+                try:
+                    generic = schatten_discrepancy(lam, schatten_inclusion(lam, n, p, method="slsqp"), p)
+                    converged, excess = True, generic / exact - 1.0
+                except RuntimeError:
+                    converged, excess = False, _NAN
+                rows.append({"spectrum": label, "keep ratio": r, "p": p, "n": n, "SLSQP converged": converged,
+                             "SLSQP excess": excess, "SLSQP optimal": converged and excess <= tolerance})
+    return pd.DataFrame(rows)
