@@ -26,3 +26,14 @@ def test_schatten_solver_rows_compare_slsqp_with_the_exact_solution():
     assert rows[["keep ratio", "p", "n"]].values.tolist() == [[0.25, 2, 2], [0.25, 4, 2], [0.5, 2, 4], [0.5, 4, 4]]
     assert rows["SLSQP converged"].all() and rows["SLSQP optimal"].all()
     assert rows["SLSQP excess"].abs().max() < 1e-6  # both solve the same convex problem
+
+
+def test_sampler_round_milliseconds_times_every_sampler():
+    import numpy as np
+
+    from subfl_book.pages.spectral import sampler_round_milliseconds
+
+    times = sampler_round_milliseconds(np.full(8, 0.5), 3, np.random.default_rng(0), repeats=2)
+    assert list(times) == ["CPS (calibration + draws)", "Brewer", "minimum support", "CPS calibration alone",
+                           "one CPS draw alone"]
+    assert all(t > 0 for t in times.values())

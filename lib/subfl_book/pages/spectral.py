@@ -260,3 +260,30 @@ def schatten_solver_rows(spectra: Mapping[str, np.ndarray], keep_ratios: Sequenc
                 rows.append({"spectrum": label, "keep ratio": r, "p": p, "n": n, "SLSQP converged": converged,
                              "SLSQP excess": excess, "SLSQP optimal": converged and excess <= tolerance})
     return pd.DataFrame(rows)
+
+
+def sampler_round_milliseconds(pi: np.ndarray, clients: int, rng: np.random.Generator, *, repeats: int = 20
+                               ) -> dict[str, float]:
+    """App. A's speed comparison of the samplers, as one server round pays it: ``clients`` samples with the marginals
+    ``pi``. Conditional Poisson sampling calibrates its design once per round (the marginals change every round),
+    then draws; Brewer's method and the minimum-support design draw directly. Median wall time in milliseconds over
+    ``repeats`` rounds (after one warm-up), and the calibration and one CPS draw alone."""
+    import statistics
+    import time
+
+    def median_ms(fn) -> float:
+        fn()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return 1e3 * statistics.median(times)
+
+    design = sampling.cps_design(pi)
+    return {"CPS (calibration + draws)": median_ms(lambda: [d.sample(rng) for d in [sampling.cps_design(pi)]
+                                                           for _ in range(clients)]),
+            "Brewer": median_ms(lambda: [sampling.sample_brewer(pi, rng) for _ in range(clients)]),
+            "minimum support": median_ms(lambda: [sampling.sample_min_support(pi, rng) for _ in range(clients)]),
+            "CPS calibration alone": median_ms(lambda: sampling.cps_design(pi)),
+            "one CPS draw alone": median_ms(lambda: design.sample(rng))}
