@@ -130,7 +130,9 @@ def render(root: Path) -> str:
              "bound or trend holds beyond the bands and *differs* when the opposite does. A trend is judged step by "
              "step along its sweep, and a claim that one method is the best of several against every rival, not "
              "only the one with the best mean: *same* needs every step or rival to go the paper's way beyond the "
-             "bands, one going the other way beyond them makes it *differs*. *not-run*: no page judges "
+             "bands, one going the other way beyond them makes it *differs*. Orderings, bounds and trends of "
+             "deterministic quantities (counts, bytes, identities, timings in one run) are compared as they are, "
+             "without seeds or bands. *not-run*: no page judges "
              "the claim (the reason is given). A claim judged on several pages takes the first of "
              f"{', '.join(COMBINE_ORDER)} among its rows.", "",
              "Absolute accuracies of the papers' full-scale runs are not reproduced at the `cpu` scale; the pages "

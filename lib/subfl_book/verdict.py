@@ -209,9 +209,10 @@ def judge_order(paper_first: float, paper_second: float, ours_first: Band, ours_
         return Verdict("inconclusive", "mean ± sd bands overlap")
     paper_sign = math.copysign(1.0, paper_first - paper_second)
     ours_sign = math.copysign(1.0, ours_first.mean - ours_second.mean)
+    where = "(deterministic values)" if analytic else "beyond the seed spread"
     if paper_sign == ours_sign:
-        return Verdict("same", "the paper's ordering holds beyond the seed spread")
-    return Verdict("differs", "the opposite ordering holds beyond the seed spread")
+        return Verdict("same", f"the paper's ordering holds {where}")
+    return Verdict("differs", f"the opposite ordering holds {where}")
 
 
 def judge_bound(limit: float, ours: Band, *, at_most: bool, chance: float | None = None,
@@ -247,11 +248,12 @@ def judge_trend(paper_values: Sequence[float], ours: Sequence[Band], *, chance: 
     pairs = [judge_order(p1, p2, o1, o2, scale=scale, analytic=analytic)
              for p1, p2, o1, o2 in zip(paper_values, paper_values[1:], ours, ours[1:])]
     statuses = [v.status for v in pairs]
+    where = "(deterministic values)" if analytic else "beyond the seed spread"
     if "differs" in statuses:
         k = statuses.index("differs")
-        return Verdict("differs", f"step {k + 1}→{k + 2} goes the other way beyond the seed spread")
+        return Verdict("differs", f"step {k + 1}→{k + 2} goes the other way {where}")
     if all(s == "same" for s in statuses):
-        return Verdict("same", "every step goes the paper's way beyond the seed spread")
+        return Verdict("same", f"every step goes the paper's way {where}")
     return Verdict("inconclusive", f"{statuses.count('inconclusive')} of {len(pairs)} steps within the seed spread")
 
 
@@ -273,11 +275,12 @@ def judge_best(ours: Band, rivals: Sequence[Band], *, chance: float | None = Non
         return Verdict("near-chance", f"every value within {NEAR_CHANCE:.0%} of the gap above chance {chance:g}")
     sign = 1.0 if higher_is_better else -1.0
     statuses = [judge_order(sign, -sign, ours, rival, scale=scale, analytic=analytic).status for rival in rivals]
+    where = "(deterministic values)" if analytic else "beyond the seed spread"
     if "differs" in statuses:
         ahead = ", ".join(n for n, st in zip(names, statuses) if st == "differs")
-        return Verdict("differs", f"{ahead} ahead beyond the seed spread")
+        return Verdict("differs", f"{ahead} ahead {where}")
     if all(st == "same" for st in statuses):
-        return Verdict("same", f"ahead of all {len(rivals)} rivals beyond the seed spread")
+        return Verdict("same", f"ahead of all {len(rivals)} rivals {where}")
     level = ", ".join(n for n, st in zip(names, statuses) if st != "same")
     return Verdict("inconclusive", f"{statuses.count('inconclusive')} of {len(rivals)} rivals within the seed spread "
                                    f"({level})")

@@ -152,3 +152,16 @@ def test_near_chance_in_percent_as_in_fractions():
     assert judge_order(80.0, 70.0, Band.of([60.0, 61.0, 62.0]), low1, chance=10.0).status == "same"
     # 100 classes in percent: chance 1 %, near chance below 10.9 %
     assert judge_order(2.0, 1.0, Band.of([5.0, 6.0, 7.0]), Band.of([2.0, 2.5, 3.0]), chance=1.0).status == "near-chance"
+
+
+def test_analytic_reasons_name_no_seed_spread():
+    """Deterministic quantities have no seed spread, so their reason says so instead of citing one."""
+    one, two = Band.of(2.0), Band.of(1.0)
+    assert judge_order(2.0, 1.0, one, two, analytic=True).reason == "the paper's ordering holds (deterministic values)"
+    assert judge_order(1.0, 2.0, one, two, analytic=True).reason == \
+        "the opposite ordering holds (deterministic values)"
+    assert judge_trend([1, 2, 3], [Band.of(1.0), Band.of(2.0), Band.of(3.0)], analytic=True).reason == \
+        "every step goes the paper's way (deterministic values)"
+    assert judge_best(one, [two], names=["B"], analytic=True).reason == "ahead of all 1 rivals (deterministic values)"
+    assert judge_order(2.0, 1.0, Band.of([2.0, 2.1, 2.2]), Band.of([1.0, 1.1, 1.2])).reason == \
+        "the paper's ordering holds beyond the seed spread"
