@@ -269,16 +269,11 @@ def sampler_round_milliseconds(pi: np.ndarray, clients: int, rng: np.random.Gene
     then draws; Brewer's method and the minimum-support design draw directly. Median wall time in milliseconds over
     ``repeats`` rounds (after one warm-up), and the calibration and one CPS draw alone."""
     import statistics
-    import time
+    import timeit
 
     def median_ms(fn) -> float:
-        fn()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return 1e3 * statistics.median(times)
+        fn()  # warm-up
+        return 1e3 * statistics.median(timeit.repeat(fn, number=1, repeat=repeats))
 
     design = sampling.cps_design(pi)
     return {"CPS (calibration + draws)": median_ms(lambda: [d.sample(rng) for d in [sampling.cps_design(pi)]
