@@ -186,6 +186,11 @@ def _gates(bands: Sequence[Band], scale: str, analytic: bool) -> Verdict | None:
     return _scale_gate(scale) or _seed_gate(bands)
 
 
+def _beyond(analytic: bool) -> str:
+    """How a reason qualifies an ordering: beyond the seed bands, or as it is for deterministic values."""
+    return "(deterministic values)" if analytic else "beyond the seed spread"
+
+
 def judge_order(paper_first: float, paper_second: float, ours_first: Band, ours_second: Band, *,
                 chance: float | None = None, higher_is_better: bool = True, scale: str = "cpu",
                 analytic: bool = False) -> Verdict:
@@ -209,7 +214,7 @@ def judge_order(paper_first: float, paper_second: float, ours_first: Band, ours_
         return Verdict("inconclusive", "mean ± sd bands overlap")
     paper_sign = math.copysign(1.0, paper_first - paper_second)
     ours_sign = math.copysign(1.0, ours_first.mean - ours_second.mean)
-    where = "(deterministic values)" if analytic else "beyond the seed spread"
+    where = _beyond(analytic)
     if paper_sign == ours_sign:
         return Verdict("same", f"the paper's ordering holds {where}")
     return Verdict("differs", f"the opposite ordering holds {where}")
@@ -248,7 +253,7 @@ def judge_trend(paper_values: Sequence[float], ours: Sequence[Band], *, chance: 
     pairs = [judge_order(p1, p2, o1, o2, scale=scale, analytic=analytic)
              for p1, p2, o1, o2 in zip(paper_values, paper_values[1:], ours, ours[1:])]
     statuses = [v.status for v in pairs]
-    where = "(deterministic values)" if analytic else "beyond the seed spread"
+    where = _beyond(analytic)
     if "differs" in statuses:
         k = statuses.index("differs")
         return Verdict("differs", f"step {k + 1}→{k + 2} goes the other way {where}")
@@ -275,7 +280,7 @@ def judge_best(ours: Band, rivals: Sequence[Band], *, chance: float | None = Non
         return Verdict("near-chance", f"every value within {NEAR_CHANCE:.0%} of the gap above chance {chance:g}")
     sign = 1.0 if higher_is_better else -1.0
     statuses = [judge_order(sign, -sign, ours, rival, scale=scale, analytic=analytic).status for rival in rivals]
-    where = "(deterministic values)" if analytic else "beyond the seed spread"
+    where = _beyond(analytic)
     if "differs" in statuses:
         ahead = ", ".join(n for n, st in zip(names, statuses) if st == "differs")
         return Verdict("differs", f"{ahead} ahead {where}")
