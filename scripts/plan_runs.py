@@ -12,6 +12,7 @@ names the error, and re-planning after its first runs are recorded finds the res
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import sys
@@ -31,13 +32,36 @@ def plan_page(page: Path) -> tuple[list[dict], str | None]:
     class StandIn(store.StoredRun):
         """A stored record under the asked config; its weights are the method's initial server state."""
 
-        def state(self):
+        def __init__(self, config, record, state_file):
+            super().__init__(config, record, state_file)
+            if record["config"].get("model") != config.model:
+                del self.__dict__["ledger"]  # another model's tensor names: built from the asked model below
+
+        @functools.cached_property
+        def context(self):
             from subfl.experiments.runner import prepare_data, server_context
-            from subfl.methods import make_method
 
             dataset, _, _ = prepare_data(self.config)
+            return server_context(self.config, dataset, device="cpu")
+
+        def state(self):
+            from subfl.methods import make_method
+
             method = make_method(self.config.method, **dict(self.config.method_options))
-            return method.init(server_context(self.config, dataset, device="cpu"))
+            return method.init(self.context)
+
+        @functools.cached_property
+        def ledger(self):
+            """The stand-in's ledger with the asked model's tensors: every tensor of the model, dense, in
+            each (round, client, direction) the stand-in record has."""
+            import pandas as pd
+            recorded = store._frame(self._record["ledger"])
+            tensors = self.context.model_fn().state_dict()
+            rows = [{"round": rnd, "client": client, "direction": direction, "name": name,
+                     "bytes": value.numel() * value.element_size()}
+                    for (rnd, client, direction), _ in recorded.groupby(["round", "client", "direction"])
+                    for name, value in tensors.items()]
+            return pd.DataFrame(rows, columns=list(recorded.columns)).fillna(0)
 
     records = [json.loads(gzip.decompress(p.read_bytes())) for p in store.store_root().glob("??/*.json.gz")]
     if not records:
@@ -58,7 +82,9 @@ def plan_page(page: Path) -> tuple[list[dict], str | None]:
                                          "label": config.label()})
         entry["keep_state"] |= keep_state
         stand_in = max(records, key=lambda r: similarity(r, config))
-        return StandIn(config, stand_in, Path("/nonexistent/stand-in.state.pt"))
+        run = StandIn(config, stand_in, Path("/nonexistent/stand-in.state.pt"))
+        run._record = stand_in
+        return run
 
     store.run_experiment = planned_run
     subfl_book.run_experiment = planned_run

@@ -184,3 +184,32 @@ def test_plan_goes_on_past_a_page_that_reads_final_weights(tmp_path):
     assert "stopped early" not in done.stdout, done.stdout
     planned = json.loads((tmp_path / "out.json").read_text())
     assert [(p["config"]["seed"] >= 100, p["keep_state"]) for p in planned] == [(False, True), (True, False)]
+
+
+def test_a_stand_in_of_another_model_has_the_asked_models_ledger(tmp_path):
+    """When no stored run has the asked model, the stand-in's ledger names the asked model's tensors (a ledger
+    audit against the asked model used to stop the plan: 'the ledger names tensors the model does not have')."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps([{"config": CONFIG.to_dict(), "keep_state": False}]))   # an mlp run is stored
+    env = {**os.environ, "SUBFL_STORE_DIR": str(tmp_path / "store")}
+    done = _script("compute_runs.py", str(plan), "--device", "cpu", "--store", str(tmp_path / "store"),
+                   "--work", str(tmp_path / "work"), env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    page = tmp_path / "page.ipynb"
+    source = ("from subfl.experiments import make_config\n"
+              "from subfl_book import store\n"
+              "config = make_config('fedavg', 'digits', scale='ci', rounds=2, max_train_samples=120, model='cnn')\n"
+              "run = store.run_experiment(config)\n"
+              "names = set(run.ledger.name) - {'__config__'}\n"
+              "model = set(run.state()['weights'])\n"
+              "assert names == model, sorted(names ^ model)[:4]\n"
+              "store.run_experiment(config.replace(seed=100 + len(names)))\n")
+    page.write_text(json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "source": source, "outputs": [],
+                                           "execution_count": None}],
+                                "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    done = _script("plan_runs.py", str(page), "--out", str(tmp_path / "out.json"), env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "stopped early" not in done.stdout, done.stdout
+    planned = json.loads((tmp_path / "out.json").read_text())
+    assert [p["config"]["model"] for p in planned] == ["cnn", "cnn"]
+    assert planned[1]["config"]["seed"] >= 100
