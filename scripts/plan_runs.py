@@ -4,8 +4,9 @@ Each page's code cells run at the ``cpu`` scale with a stand-in for every run th
 most similar stored run (same method, dataset and model where there is one) under the asked config, with the
 method's initial server state for its weights (built from the asked config, so an analysis of final weights gets
 tensors of the right shapes), so the page goes on to ask for its next runs. What the page computes from stand-ins is thrown away; only the list of missing
-runs is kept. A page whose analysis breaks on a stand-in stops early and its plan may be incomplete: the output
-names the error, and re-planning after its first runs are recorded finds the rest.
+runs is kept. The page's code cells run one by one: a cell whose analysis breaks on a stand-in is reported and
+the next cell runs, so a plan misses only runs asked for after the break inside that cell (or from names it
+failed to define); re-planning after the first runs are recorded finds the rest.
 
     python scripts/plan_runs.py notebooks/spectral/training.ipynb --out plan.json
 """
@@ -19,8 +20,9 @@ import sys
 from pathlib import Path
 
 
-def plan_page(page: Path) -> tuple[list[dict], str | None]:
-    """``(missing runs, error)`` of one page: each missing run as ``{"key", "config", "keep_state", "label"}``."""
+def plan_page(page: Path) -> tuple[list[dict], list[str]]:
+    """``(missing runs, errors)`` of one page: each missing run as ``{"key", "config", "keep_state", "label"}``;
+    one error per code cell that broke on a stand-in (the cells after it still run)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -91,16 +93,16 @@ def plan_page(page: Path) -> tuple[list[dict], str | None]:
     cells = []
     for cell in nbformat.read(page, as_version=4).cells:
         if cell.cell_type == "code":
-            cells.append(cell.source)
-            if "parameters" in cell.metadata.get("tags", []):
-                cells.append('scale = "cpu"')
+            tagged = "parameters" in cell.metadata.get("tags", [])
+            cells.append(cell.source + ('\nscale = "cpu"' if tagged else ""))
     namespace = {"display": lambda *a, **k: None, "__name__": "__main__"}
-    try:
-        exec(compile("\n".join(cells), str(page), "exec"), namespace)
-        error = None
-    except Exception as exc:  # a stand-in broke the page's analysis: the plan so far is kept
-        error = f"{type(exc).__name__}: {exc}"[:300]
-    return list(missing.values()), error
+    errors = []
+    for number, source in enumerate(cells, start=1):
+        try:
+            exec(compile(source, f"{page} (code cell {number})", "exec"), namespace)
+        except Exception as exc:  # a stand-in broke this cell's analysis: later cells may still ask for runs
+            errors.append(f"code cell {number}: {type(exc).__name__}: {exc}"[:300])
+    return list(missing.values()), errors
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,12 +115,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"page {page} is not a file; accepted: notebooks/<chapter>/<page>.ipynb")
     plan: dict[str, dict] = {}
     for page in args.pages:
-        missing, error = plan_page(page)
+        missing, errors = plan_page(page)
         for entry in missing:
             row = plan.setdefault(entry["key"], {**entry, "pages": []})
             row["keep_state"] |= entry["keep_state"]
             row["pages"].append(page.as_posix())
-        print(f"{page}: {len(missing)} runs missing" + (f" (stopped early: {error})" if error else ""), flush=True)
+        broke = (f" ({len(errors)} code cells broke on stand-ins, the plan may be incomplete; first: {errors[0]})"
+                 if errors else "")
+        print(f"{page}: {len(missing)} runs missing{broke}", flush=True)
     args.out.write_text(json.dumps(list(plan.values()), indent=1, default=list))
     return 0
 

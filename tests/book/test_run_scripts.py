@@ -181,7 +181,7 @@ def test_plan_goes_on_past_a_page_that_reads_final_weights(tmp_path):
                                 "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
     done = _script("plan_runs.py", str(page), "--out", str(tmp_path / "out.json"), env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "stopped early" not in done.stdout, done.stdout
+    assert "broke" not in done.stdout, done.stdout
     planned = json.loads((tmp_path / "out.json").read_text())
     assert [(p["config"]["seed"] >= 100, p["keep_state"]) for p in planned] == [(False, True), (True, False)]
 
@@ -209,7 +209,29 @@ def test_a_stand_in_of_another_model_has_the_asked_models_ledger(tmp_path):
                                 "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
     done = _script("plan_runs.py", str(page), "--out", str(tmp_path / "out.json"), env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "stopped early" not in done.stdout, done.stdout
+    assert "broke" not in done.stdout, done.stdout
     planned = json.loads((tmp_path / "out.json").read_text())
     assert [p["config"]["model"] for p in planned] == ["cnn", "cnn"]
     assert planned[1]["config"]["seed"] >= 100
+
+
+def test_plan_goes_on_past_a_cell_that_breaks_on_a_stand_in(tmp_path):
+    """A code cell that raises on a stand-in is reported and the next cells still run and ask for their runs."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps([{"config": CONFIG.to_dict(), "keep_state": False}]))
+    env = {**os.environ, "SUBFL_STORE_DIR": str(tmp_path / "store")}
+    done = _script("compute_runs.py", str(plan), "--device", "cpu", "--store", str(tmp_path / "store"),
+                   "--work", str(tmp_path / "work"), env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    cells = ["from subfl.experiments import make_config\nfrom subfl_book import store\n"
+             "config = make_config('fedavg', 'digits', scale='ci', rounds=2, max_train_samples=120, seed=7)\n",
+             "store.run_experiment(config)\nraise KeyError('conv2')\n",
+             "store.run_experiment(config.replace(seed=8))\n"]
+    page = tmp_path / "page.ipynb"
+    page.write_text(json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "source": s, "outputs": [],
+                                           "execution_count": None} for s in cells],
+                                "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    done = _script("plan_runs.py", str(page), "--out", str(tmp_path / "out.json"), env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "1 code cells broke on stand-ins" in done.stdout and "code cell 2: KeyError: 'conv2'" in done.stdout
+    assert [p["config"]["seed"] for p in json.loads((tmp_path / "out.json").read_text())] == [7, 8]
