@@ -4,7 +4,7 @@
 diagnostics (``anme``, ``effective_rank``) are in :mod:`subfl.metrics.spectral`.
 """
 from ..fl.training import evaluate
-from .partition import partition_summary, summarise_partitions
+from .partition import labels_per_client, partition_summary, summarise_partitions
 from .spectral import anme, effective_rank
 
-__all__ = ["anme", "effective_rank", "evaluate", "partition_summary", "summarise_partitions"]
+__all__ = ["anme", "effective_rank", "evaluate", "labels_per_client", "partition_summary", "summarise_partitions"]

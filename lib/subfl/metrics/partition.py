@@ -32,6 +32,27 @@ def partition_summary(labels: np.ndarray, parts: Sequence[np.ndarray], num_class
     }
 
 
+def labels_per_client(labels: np.ndarray, parts: Sequence[np.ndarray], num_classes: int, *,
+                      share: float = 0.9) -> pd.DataFrame:
+    """How many classes each client holds, two ways; one row per client.
+
+    * ``present`` — classes the client has at least one sample of;
+    * ``covering`` — the fewest classes whose samples make up at least ``share`` of the client's data (its
+      dominant classes: a class with a handful of samples among hundreds does not count).
+
+    Raises ``ValueError`` if ``share`` is not in (0, 1] or a client holds no sample.
+    """
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"share must be in (0, 1], got {share!r}")
+    hist = label_histogram(labels, parts, num_classes).astype(float)
+    sizes = hist.sum(axis=1)
+    if (sizes == 0).any():
+        raise ValueError(f"client(s) {np.flatnonzero(sizes == 0).tolist()[:5]} hold no sample")
+    shares = np.sort(hist / sizes[:, None], axis=1)[:, ::-1]
+    covered = np.cumsum(shares, axis=1) >= share - 1e-12
+    return pd.DataFrame({"present": (hist > 0).sum(axis=1), "covering": covered.argmax(axis=1) + 1})
+
+
 def summarise_partitions(labels: np.ndarray, partitions: dict[str, Sequence[np.ndarray]], num_classes: int,
                          decimals: int = 3) -> pd.DataFrame:
     """One row of :func:`partition_summary` per named partition."""
