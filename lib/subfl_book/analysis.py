@@ -451,13 +451,15 @@ def pretrained_zero_shot(config: ExperimentConfig, depths: Sequence[int] | None 
     """The pretrained models ``F_l``, not finetuned, scored on the test windows a run of ``config`` is scored on
     (:func:`~subfl.experiments.prepare_data`: the same subset) with the engine's evaluation (next-token accuracy and
     cross-entropy at the last position of each window; perplexity = exp(loss)). Weights: the pretraining scale of the
-    method option ``pretrained`` (``"ci"``, ``"cpu"``, ``"paper"``; :func:`subfl.pretraining.pretrain`,
-    read from its cache or trained); ``depths`` default to the config's own (:func:`finetuning_setting`). One row
+    method option ``pretrained`` (``"ci"``, ``"cpu"``, ``"paper"``), read from the store
+    (:func:`subfl_book.store.pretrained`; pretrained and recorded there when missing); ``depths`` default to the config's own (:func:`finetuning_setting`). One row
     per depth: ``layers, accuracy, loss, perplexity``."""
     from subfl.fl.training import evaluate
     from subfl.models.transformers import load_pretrained
-    from subfl.pretraining import pretrain, preset
+    from subfl.pretraining import preset
     from subfl.experiments.runner import ModelFactory, prepare_data
+
+    from .store import pretrained
 
     source = dict(config.method_options).get("pretrained")
     if source not in ("ci", "cpu", "paper"):
@@ -470,7 +472,7 @@ def pretrained_zero_shot(config: ExperimentConfig, depths: Sequence[int] | None 
     for layers in depths:
         model = factory(layers=layers)
         kind = "lm" if dataset.task == "next_token" else "vit"
-        load_pretrained(model, pretrain(preset(kind, source, layers), data_root))
+        load_pretrained(model, pretrained(preset(kind, source, layers), source, data_root))
         rows.append({"layers": layers, **evaluate(model, test, task=dataset.task)})
     return pd.DataFrame(rows, columns=["layers", "accuracy", "loss", "perplexity"])
 

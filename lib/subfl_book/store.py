@@ -318,11 +318,80 @@ def run_experiment(config: ExperimentConfig, *, data_root: str | Path | None = N
         if stored is not None:
             return stored
         work = work_root() / key[:24]
+        seed_pretrained_cache(pretrained_root(config.scale))
         with book_threads():
             result = compute_run(config, work, cache=False, data_root=data_root, progress=progress)
         save_record(result, key, keep_state=keep_state, data_root=data_root, root=root_for(config))
         shutil.rmtree(work, ignore_errors=True)
     return load_record(config, key, root_for(config))
+
+
+# ---- pretrained models ----------------------------------------------------------------------------------
+# The weights a finetuning run starts from are a result like the runs themselves: pretraining them again on
+# another machine costs CPU-hours and need not give the same bits. The store keeps each one the book uses
+# (``pretrained/<name>/weights.pt`` and its ``summary.json``, ``<name>`` as in ``subfl.pretraining.pretrained_dir``).
+
+def pretrained_root(scale: str = "cpu") -> Path:
+    """Where the store keeps pretrained models: ``store_root()/pretrained``; for ``ci``-scale pretraining (smoke
+    tests) the work folder's ``ci-store/pretrained`` unless ``$SUBFL_STORE_DIR`` is set (as :func:`root_for`)."""
+    if scale == "ci" and not os.environ.get("SUBFL_STORE_DIR"):
+        return work_root() / "ci-store" / "pretrained"
+    return store_root() / "pretrained"
+
+
+def _copy_pretrained(source: Path, target: Path) -> None:
+    """``summary.json`` then ``weights.pt`` (written under a temporary name and renamed: a reader never sees a
+    partial file) from folder ``source`` to folder ``target``."""
+    target.mkdir(parents=True, exist_ok=True)
+    if (source / "summary.json").is_file():
+        shutil.copyfile(source / "summary.json", target / "summary.json")
+    shutil.copyfile(source / "weights.pt", target / "weights.pt.tmp")
+    os.replace(target / "weights.pt.tmp", target / "weights.pt")
+
+
+def seed_pretrained_cache(root: Path | None = None) -> list[str]:
+    """Copy each pretrained model kept in ``root`` (default :func:`pretrained_root`) into the library's cache
+    (``subfl.artifacts``) where the cache lacks it, so a run computed here starts from the recorded weights instead
+    of pretraining again. Returns the names copied."""
+    from subfl.artifacts import artifact_dir
+
+    root, copied = pretrained_root() if root is None else root, []
+    if not root.is_dir():
+        return copied
+    for entry in sorted(p for p in root.iterdir() if (p / "weights.pt").is_file()):
+        target = artifact_dir("pretrained") / entry.name
+        if not (target / "weights.pt").is_file():
+            _copy_pretrained(entry, target)
+            copied.append(entry.name)
+    return copied
+
+
+def pretrained(config: Any, scale: str, data_root: str | Path | None = None) -> dict[str, torch.Tensor]:
+    """The weights of pretraining ``config`` (a :class:`subfl.pretraining.PretrainConfig` of the preset ``scale``)
+    from the store; pretrained with one torch thread and recorded when the store lacks them. Raises
+    :class:`MissingRunError` instead of pretraining when ``$SUBFL_STORE_ONLY`` is set."""
+    from subfl.pretraining import pretrain, pretrained_dir
+
+    entry = pretrained_root(scale) / pretrained_dir(config).name
+    if (entry / "weights.pt").is_file():
+        seed_pretrained_cache(entry.parent)
+        return torch.load(entry / "weights.pt", map_location="cpu", weights_only=True)
+    if os.environ.get(STORE_ONLY_ENV, "") not in ("", "0"):
+        raise MissingRunError(f"pretrained model {entry.name} is not in the store and ${STORE_ONLY_ENV} forbids "
+                              f"pretraining it")
+    with book_threads():
+        state = pretrain(config, data_root)
+    _copy_pretrained(pretrained_dir(config), entry)
+    return state
+
+
+def pretraining_summary(config: Any, scale: str) -> dict[str, Any] | None:
+    """The recorded summary (loss curve, held-out loss, wall time) of pretraining ``config``: the store's, else the
+    library cache's, else ``None``."""
+    from subfl.pretraining import pretrain_summary, pretrained_dir
+
+    path = pretrained_root(scale) / pretrained_dir(config).name / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else pretrain_summary(config)
 
 
 def run_seeds(config: ExperimentConfig, seeds: Iterable[int], **kwargs: Any) -> list[RunResult]:

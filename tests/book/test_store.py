@@ -204,3 +204,35 @@ def test_a_record_names_the_hardware_it_was_computed_on(tmp_store):
     record = json.loads(gzip.decompress(store.record_path(run.key).read_bytes()))
     assert record["hardware"]["cpus"] >= 1 and "accelerator" not in record["hardware"]
     assert record["experiment_key"] == store.experiment_key(record["canonical_config"], record["versions"])
+
+
+def test_a_pretrained_model_is_recorded_once_and_read_back_without_pretraining(tmp_store, monkeypatch):
+    """The store keeps the weights a page's pretrained models have; with the library's cache emptied and
+    ``$SUBFL_STORE_ONLY`` set, they are read back bit for bit (and copied into the cache for runs), and a model
+    the store lacks is an error instead of a pretraining."""
+    import shutil
+
+    import torch
+
+    from subfl.artifacts import artifact_dir
+    from subfl.data import default_data_root
+    from subfl.pretraining import preset, pretrained_dir
+
+    if not (default_data_root() / "english_corpus_pd.txt.gz").is_file():
+        pytest.skip(f"the pretraining corpus is not in {default_data_root()} (set SUBFL_DATA_ROOT)")
+    pytest.importorskip("sentencepiece")
+    config = preset("lm", "ci", 1)
+    first = store.pretrained(config, "ci")
+    entry = store.pretrained_root("ci") / pretrained_dir(config).name
+    assert entry.is_relative_to(tmp_store / "store")          # $SUBFL_STORE_DIR set: ci models go there too
+    assert {p.name for p in entry.iterdir()} == {"weights.pt", "summary.json"}
+    summary = store.pretraining_summary(config, "ci")
+    assert summary["key"] == config.key() and len(summary["train_loss"]) == config.steps == 4
+
+    shutil.rmtree(artifact_dir("pretrained"))                  # a fresh machine: nothing cached
+    monkeypatch.setenv(store.STORE_ONLY_ENV, "1")
+    again = store.pretrained(config, "ci")
+    assert again.keys() == first.keys() and all(torch.equal(again[k], first[k]) for k in first)
+    assert (pretrained_dir(config) / "weights.pt").is_file()  # seeded into the cache for runs computed here
+    with pytest.raises(store.MissingRunError, match="pretrained model lm-l2-.* is not in the store"):
+        store.pretrained(preset("lm", "ci", 2), "ci")
