@@ -45,7 +45,8 @@ def compute(entry: dict, device: str, store_dir: str, work_dir: str, data_root: 
     torch.set_num_threads(1)  # the book's runs use one intra-op thread (part of the run key's environment class)
     from subfl.experiments import ExperimentConfig
     from subfl.experiments import run_experiment as compute_run
-    from subfl_book.store import book_key, record_path, save_record, seed_pretrained_cache, state_path
+    from subfl_book.store import (book_key, record_path, record_pretrained_cache, save_record, seed_pretrained_cache,
+                                  state_path)
 
     config = ExperimentConfig.from_dict(entry["config"]).replace(device=device)
     key = book_key(config)
@@ -58,6 +59,8 @@ def compute(entry: dict, device: str, store_dir: str, work_dir: str, data_root: 
     seed_pretrained_cache(root / "pretrained")  # a finetuning run starts from the store's pretrained weights
     result = compute_run(config, work, cache=False, data_root=data_root, progress=False, verify=verify)
     save_record(result, key, keep_state=keep_state, data_root=data_root, root=root, verify=verify)
+    if config.scale != "ci":
+        record_pretrained_cache(root / "pretrained")  # a model this run pretrained outlives the machine
     shutil.rmtree(work, ignore_errors=True)
     return {"key": key, "status": "diverged" if result.diverged else "done", "label": config.label(),
             "wall_s": round(time.perf_counter() - start, 1), "final_accuracy": result.summary.get("final_accuracy")}

@@ -6,6 +6,8 @@ the versions, the environment, the summary, the history, the full communication 
 classification run that did not diverge, the confusion matrix of each final evaluation model on the test set (so the
 class-specific metrics of CAFF §4.4 are read without weights; stored sparse).
 Final weights are kept (``<key>.state.pt``) only for the runs a page evaluates again (``keep_state=True``).
+The pretrained models finetuning runs start from are kept too (``pretrained/<name>/``, :func:`pretrained`): a page
+that scores them, or a run computed on another machine, reads the recorded weights instead of pretraining again.
 
 :func:`run_experiment` reads a run from the store when its key is there and computes it otherwise (resuming from a
 checkpoint in the work folder, ``.subfl-work/`` by default), then records it. The book's runs are made with **one
@@ -322,6 +324,8 @@ def run_experiment(config: ExperimentConfig, *, data_root: str | Path | None = N
         with book_threads():
             result = compute_run(config, work, cache=False, data_root=data_root, progress=progress)
         save_record(result, key, keep_state=keep_state, data_root=data_root, root=root_for(config))
+        if config.scale != "ci":
+            record_pretrained_cache(pretrained_root(config.scale))
         shutil.rmtree(work, ignore_errors=True)
     return load_record(config, key, root_for(config))
 
@@ -363,6 +367,25 @@ def seed_pretrained_cache(root: Path | None = None) -> list[str]:
         if not (target / "weights.pt").is_file():
             _copy_pretrained(entry, target)
             copied.append(entry.name)
+    return copied
+
+
+def record_pretrained_cache(root: Path | None = None) -> list[str]:
+    """Copy into ``root`` (default :func:`pretrained_root`) each pretrained model of the library's presets at the
+    ``cpu`` and ``paper`` scales (``subfl.pretraining.PRESETS``, every depth) that the library's cache holds and
+    ``root`` lacks: a run computed here may have pretrained it, and it must outlive this machine. Returns the names
+    copied."""
+    from subfl.pretraining import PRESETS, preset, pretrained_dir
+
+    root, copied = pretrained_root() if root is None else root, []
+    for (kind, scale), values in PRESETS.items():
+        if scale == "ci":
+            continue
+        for layers in values["layers"]:
+            cached = pretrained_dir(preset(kind, scale, layers))
+            if (cached / "weights.pt").is_file() and not (root / cached.name / "weights.pt").is_file():
+                _copy_pretrained(cached, root / cached.name)
+                copied.append(cached.name)
     return copied
 
 

@@ -236,3 +236,23 @@ def test_a_pretrained_model_is_recorded_once_and_read_back_without_pretraining(t
     assert (pretrained_dir(config) / "weights.pt").is_file()  # seeded into the cache for runs computed here
     with pytest.raises(store.MissingRunError, match="pretrained model lm-l2-.* is not in the store"):
         store.pretrained(preset("lm", "ci", 2), "ci")
+
+
+def test_pretrained_models_in_the_cache_are_recorded_except_ci_ones(tmp_store):
+    """After a run, the pretrained models of the cpu/paper presets that the library's cache holds go into the store
+    (once); ci-scale ones stay out."""
+    import torch
+
+    from subfl.pretraining import preset, pretrained_dir
+
+    for scale in ("cpu", "ci"):
+        folder = pretrained_dir(preset("lm", scale, 3))
+        folder.mkdir(parents=True)
+        torch.save({"w": torch.arange(3.0)}, folder / "weights.pt")
+        (folder / "summary.json").write_text(json.dumps({"eval_loss": 4.2}))
+    root = tmp_store / "store" / "pretrained"
+    name = pretrained_dir(preset("lm", "cpu", 3)).name
+    assert store.record_pretrained_cache(root) == [name]
+    assert sorted(p.name for p in root.iterdir()) == [name]
+    assert torch.equal(torch.load(root / name / "weights.pt")["w"], torch.arange(3.0))
+    assert store.record_pretrained_cache(root) == []                  # recorded once
