@@ -1,6 +1,7 @@
 """Repository hygiene: no dataset file is tracked; the manifest in data/ is the package's manifest; the library's
 imports point away from the book and form no cycle."""
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,9 +18,13 @@ def test_no_dataset_file_is_tracked():
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     tracked = [f for f in files if f.endswith(DATA_SUFFIXES) and not f.startswith("store/")]
     assert tracked == []
-    # the run store holds run records and kept weights only, each named by its run key
-    stored = [f for f in files if f.startswith("store/")]
+    # the run store holds run records and kept weights, each named by its run key, and pretrained models, each a
+    # folder named as the library's cache names it (<kind>-l<layers>-<24 hex digits of its key>)
+    stored = [f for f in files if f.startswith("store/") and not f.startswith("store/pretrained/")]
     assert all(f.endswith((".json.gz", ".state.pt")) and len(Path(f).name.split(".")[0]) == 64 for f in stored)
+    pretrained = [Path(f) for f in files if f.startswith("store/pretrained/")]
+    assert all(len(p.parts) == 4 and p.name in ("weights.pt", "summary.json")
+               and re.fullmatch(r"(lm|vit)-l\d+-[0-9a-f]{24}", p.parts[2]) for p in pretrained), pretrained
 
 
 def test_data_manifest_is_the_package_manifest():
