@@ -160,9 +160,9 @@ def test_killing_compute_runs_ends_its_workers(tmp_path, signal_name):
             os.kill(pid, signal.SIGKILL)
 
 
-def test_plan_goes_on_past_a_page_that_reads_final_weights(tmp_path):
-    """A missing run's stand-in has the asked model's initial weights, so a page that analyses final weights goes on
-    to ask for the runs after it (the plan used to stop at the first ``state()``)."""
+def _plan_page_over_one_stored_run(tmp_path, cells):
+    """Record one run of ``CONFIG`` (the digits MLP) into a fresh store, then plan a page of ``cells`` (code cell
+    sources) against it: ``(plan_runs' output, the planned runs)``."""
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps([{"config": CONFIG.to_dict(), "keep_state": False}]))
     env = {**os.environ, "SUBFL_STORE_DIR": str(tmp_path / "store")}
@@ -170,68 +170,49 @@ def test_plan_goes_on_past_a_page_that_reads_final_weights(tmp_path):
                    "--work", str(tmp_path / "work"), env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     page = tmp_path / "page.ipynb"
-    source = ("from subfl.experiments import make_config\n"
-              "from subfl_book import store\n"
-              "config = make_config('fedavg', 'digits', scale='ci', rounds=2, max_train_samples=120, seed=7)\n"
-              "weights = store.run_experiment(config, keep_state=True).state()['weights']\n"
-              "width = weights['fc2.weight'].shape[1] if 'fc2.weight' in weights else len(weights)\n"
-              "store.run_experiment(config.replace(seed=100 + width))\n")
     page.write_text(json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "source": source, "outputs": [],
-                                           "execution_count": None}],
+                                           "execution_count": None} for source in cells],
                                 "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
     done = _script("plan_runs.py", str(page), "--out", str(tmp_path / "out.json"), env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "broke" not in done.stdout, done.stdout
-    planned = json.loads((tmp_path / "out.json").read_text())
+    return done.stdout, json.loads((tmp_path / "out.json").read_text())
+
+
+PAGE_HEAD = "from subfl.experiments import make_config\nfrom subfl_book import store\n"
+
+
+def test_plan_goes_on_past_a_page_that_reads_final_weights(tmp_path):
+    """A missing run's stand-in has the asked model's initial weights, so a page that analyses final weights goes on
+    to ask for the runs after it (the plan used to stop at the first ``state()``)."""
+    out, planned = _plan_page_over_one_stored_run(tmp_path, [
+        PAGE_HEAD + "config = make_config('fedavg', 'digits', scale='ci', rounds=2, max_train_samples=120, seed=7)\n"
+        "weights = store.run_experiment(config, keep_state=True).state()['weights']\n"
+        "width = weights['fc2.weight'].shape[1] if 'fc2.weight' in weights else len(weights)\n"
+        "store.run_experiment(config.replace(seed=100 + width))\n"])
+    assert "broke" not in out, out
     assert [(p["config"]["seed"] >= 100, p["keep_state"]) for p in planned] == [(False, True), (True, False)]
 
 
 def test_a_stand_in_of_another_model_has_the_asked_models_ledger(tmp_path):
     """When no stored run has the asked model, the stand-in's ledger names the asked model's tensors (a ledger
     audit against the asked model used to stop the plan: 'the ledger names tensors the model does not have')."""
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps([{"config": CONFIG.to_dict(), "keep_state": False}]))   # an mlp run is stored
-    env = {**os.environ, "SUBFL_STORE_DIR": str(tmp_path / "store")}
-    done = _script("compute_runs.py", str(plan), "--device", "cpu", "--store", str(tmp_path / "store"),
-                   "--work", str(tmp_path / "work"), env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    page = tmp_path / "page.ipynb"
-    source = ("from subfl.experiments import make_config\n"
-              "from subfl_book import store\n"
-              "config = make_config('fedavg', 'digits', scale='ci', rounds=2, max_train_samples=120, model='cnn')\n"
-              "run = store.run_experiment(config)\n"
-              "names = set(run.ledger.name) - {'__config__'}\n"
-              "model = set(run.state()['weights'])\n"
-              "assert names == model, sorted(names ^ model)[:4]\n"
-              "store.run_experiment(config.replace(seed=100 + len(names)))\n")
-    page.write_text(json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "source": source, "outputs": [],
-                                           "execution_count": None}],
-                                "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
-    done = _script("plan_runs.py", str(page), "--out", str(tmp_path / "out.json"), env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "broke" not in done.stdout, done.stdout
-    planned = json.loads((tmp_path / "out.json").read_text())
+    out, planned = _plan_page_over_one_stored_run(tmp_path, [   # the stored run is the MLP's; the page asks a CNN
+        PAGE_HEAD + "config = make_config('fedavg', 'digits', scale='ci', rounds=2, max_train_samples=120, model='cnn')\n"
+        "run = store.run_experiment(config)\n"
+        "names = set(run.ledger.name) - {'__config__'}\n"
+        "model = set(run.state()['weights'])\n"
+        "assert names == model, sorted(names ^ model)[:4]\n"
+        "store.run_experiment(config.replace(seed=100 + len(names)))\n"])
+    assert "broke" not in out, out
     assert [p["config"]["model"] for p in planned] == ["cnn", "cnn"]
     assert planned[1]["config"]["seed"] >= 100
 
 
 def test_plan_goes_on_past_a_cell_that_breaks_on_a_stand_in(tmp_path):
     """A code cell that raises on a stand-in is reported and the next cells still run and ask for their runs."""
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps([{"config": CONFIG.to_dict(), "keep_state": False}]))
-    env = {**os.environ, "SUBFL_STORE_DIR": str(tmp_path / "store")}
-    done = _script("compute_runs.py", str(plan), "--device", "cpu", "--store", str(tmp_path / "store"),
-                   "--work", str(tmp_path / "work"), env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    cells = ["from subfl.experiments import make_config\nfrom subfl_book import store\n"
-             "config = make_config('fedavg', 'digits', scale='ci', rounds=2, max_train_samples=120, seed=7)\n",
-             "store.run_experiment(config)\nraise KeyError('conv2')\n",
-             "store.run_experiment(config.replace(seed=8))\n"]
-    page = tmp_path / "page.ipynb"
-    page.write_text(json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "source": s, "outputs": [],
-                                           "execution_count": None} for s in cells],
-                                "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
-    done = _script("plan_runs.py", str(page), "--out", str(tmp_path / "out.json"), env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "1 code cells broke on stand-ins" in done.stdout and "code cell 2: KeyError: 'conv2'" in done.stdout
-    assert [p["config"]["seed"] for p in json.loads((tmp_path / "out.json").read_text())] == [7, 8]
+    out, planned = _plan_page_over_one_stored_run(tmp_path, [
+        PAGE_HEAD + "config = make_config('fedavg', 'digits', scale='ci', rounds=2, max_train_samples=120, seed=7)\n",
+        "store.run_experiment(config)\nraise KeyError('conv2')\n",
+        "store.run_experiment(config.replace(seed=8))\n"])
+    assert "1 code cells broke on stand-ins" in out and "code cell 2: KeyError: 'conv2'" in out
+    assert [p["config"]["seed"] for p in planned] == [7, 8]
