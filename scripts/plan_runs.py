@@ -8,6 +8,10 @@ runs is kept. The page's code cells run one by one: a cell whose analysis breaks
 the next cell runs, so a plan misses only runs asked for after the break inside that cell (or from names it
 failed to define); re-planning after the first runs are recorded finds the rest.
 
+Each planned run carries ``estimated_cpu_s``: the median seconds per client-epoch of the store's one-thread CPU
+records of its dataset and model, times its rounds × active clients × local epochs (``None`` where the store holds
+no such record); a rough guide for sharing the runs between machines, not a measurement.
+
     python scripts/plan_runs.py notebooks/spectral/training.ipynb --out plan.json
 """
 from __future__ import annotations
@@ -18,6 +22,33 @@ import gzip
 import json
 import sys
 from pathlib import Path
+
+
+def client_epochs(config: dict) -> int:
+    """Client updates of a run, counted in client-epochs (a run that counts local steps: one per client-round)."""
+    return config["rounds"] * config["clients_per_round"] * (config.get("local_epochs") or 1)
+
+
+def cpu_rates(records: list[dict]) -> dict[tuple[str, str], float]:
+    """Median wall seconds per client-epoch (every stage of the run) of the one-thread CPU records, by
+    ``(dataset, model)``."""
+    import statistics
+
+    rates: dict[tuple[str, str], list[float]] = {}
+    for record in records:
+        env = record.get("environment", {})
+        if env.get("device") != "cpu" or env.get("threads") != 1:
+            continue
+        seconds = sum(dict(record["timings"]).get("seconds", []))
+        config = record["config"]
+        rates.setdefault((config["dataset"], config["model"]), []).append(seconds / client_epochs(config))
+    return {kind: statistics.median(values) for kind, values in rates.items()}
+
+
+def estimated_cpu_seconds(config: dict, rates: dict[tuple[str, str], float]) -> float | None:
+    """One thread's wall seconds for ``config`` at the recorded rate of its dataset and model (``None``: no record)."""
+    rate = rates.get((config["dataset"], config["model"]))
+    return None if rate is None else round(rate * client_epochs(config), 1)
 
 
 def plan_page(page: Path) -> tuple[list[dict], list[str]]:
@@ -68,6 +99,7 @@ def plan_page(page: Path) -> tuple[list[dict], list[str]]:
     records = [json.loads(gzip.decompress(p.read_bytes())) for p in store.store_root().glob("??/*.json.gz")]
     if not records:
         raise SystemExit("the store holds no record to stand in for a missing run")
+    rates = cpu_rates(records)
     missing: dict[str, dict] = {}
 
     def similarity(record: dict, config) -> int:
@@ -81,7 +113,8 @@ def plan_page(page: Path) -> tuple[list[dict], list[str]]:
             return store.load_record(config, found, store.root_for(config))
         key = store.book_key(config)
         entry = missing.setdefault(key, {"key": key, "config": config.to_dict(), "keep_state": False,
-                                         "label": config.label()})
+                                         "label": config.label(),
+                                         "estimated_cpu_s": estimated_cpu_seconds(config.to_dict(), rates)})
         entry["keep_state"] |= keep_state
         stand_in = max(records, key=lambda r: similarity(r, config))
         run = StandIn(config, stand_in, Path("/nonexistent/stand-in.state.pt"))
@@ -122,7 +155,12 @@ def main(argv: list[str] | None = None) -> int:
             row["pages"].append(page.as_posix())
         broke = (f" ({len(errors)} code cells broke on stand-ins, the plan may be incomplete; first: {errors[0]})"
                  if errors else "")
-        print(f"{page}: {len(missing)} runs missing{broke}", flush=True)
+        estimates = [entry["estimated_cpu_s"] for entry in missing]
+        known = [seconds for seconds in estimates if seconds is not None]
+        cost = (f", about {sum(known) / 3600:.1f} one-thread CPU hours"
+                + (f" (and {len(estimates) - len(known)} runs of a dataset and model with no CPU record)"
+                   if len(known) < len(estimates) else "")) if missing else ""
+        print(f"{page}: {len(missing)} runs missing{cost}{broke}", flush=True)
     args.out.write_text(json.dumps(list(plan.values()), indent=1, default=list))
     return 0
 

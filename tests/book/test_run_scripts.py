@@ -1,5 +1,6 @@
 """scripts/compute_runs.py records a plan's runs where the store reads them; scripts/plan_runs.py lists what a page
 lacks."""
+import gzip
 import json
 import os
 import subprocess
@@ -216,3 +217,17 @@ def test_plan_goes_on_past_a_cell_that_breaks_on_a_stand_in(tmp_path):
         "store.run_experiment(config.replace(seed=8))\n"])
     assert "1 code cells broke on stand-ins" in out and "code cell 2: KeyError: 'conv2'" in out
     assert [p["config"]["seed"] for p in planned] == [7, 8]
+
+
+def test_planned_runs_carry_a_cpu_time_estimate_from_the_store(tmp_path):
+    """A planned run's ``estimated_cpu_s`` is the stored one-thread CPU record's seconds per client-epoch of its
+    dataset and model times the run's client-epochs: twice the rounds, twice the stored run's time."""
+    out, planned = _plan_page_over_one_stored_run(tmp_path, [
+        PAGE_HEAD + f"config = make_config('fedavg', 'digits', scale='ci', rounds={2 * CONFIG.rounds}, "
+        f"max_train_samples={CONFIG.max_train_samples}, seed=8)\nstore.run_experiment(config)\n"])
+    (record,) = [json.loads(gzip.decompress(p.read_bytes()))
+                 for p in (tmp_path / "store").glob("??/*.json.gz")]
+    stored_seconds = sum(dict(record["timings"])["seconds"])
+    assert record["environment"]["threads"] == 1 and record["config"]["rounds"] == CONFIG.rounds
+    assert planned[0]["estimated_cpu_s"] == pytest.approx(2 * stored_seconds, abs=0.1)
+    assert "one-thread CPU hours" in out
