@@ -51,6 +51,18 @@ def estimated_cpu_seconds(config: dict, rates: dict[tuple[str, str], float]) -> 
     return None if rate is None else round(rate * client_epochs(config), 1)
 
 
+def with_metrics_of(dataset: str, history, records: list[dict]):
+    """``history`` plus, for every metric the ``records`` of ``dataset`` report and ``history`` lacks (e.g. the
+    perplexity of a next-token task), that metric's rows as copies of the ``loss`` rows: a stand-in record of
+    another dataset then has the metrics a page of the asked dataset reads."""
+    import pandas as pd
+
+    reported = set().union(*(dict(r["history"])["metric"] for r in records if r["config"].get("dataset") == dataset))
+    grafts = [history[history.metric == "loss"].assign(metric=metric)
+              for metric in sorted(reported - set(history.metric))]
+    return pd.concat([history, *grafts], ignore_index=True) if grafts else history
+
+
 def plan_page(page: Path) -> tuple[list[dict], list[str]]:
     """``(missing runs, errors)`` of one page: each missing run as ``{"key", "config", "keep_state", "label"}``;
     one error per code cell that broke on a stand-in (the cells after it still run)."""
@@ -69,6 +81,8 @@ def plan_page(page: Path) -> tuple[list[dict], list[str]]:
             super().__init__(config, record, state_file)
             if record["config"].get("model") != config.model:
                 del self.__dict__["ledger"]  # another model's tensor names: built from the asked model below
+            if record["config"].get("dataset") != config.dataset:
+                self.__dict__["history"] = with_metrics_of(config.dataset, self.history, records)
 
         @functools.cached_property
         def context(self):

@@ -231,3 +231,24 @@ def test_planned_runs_carry_a_cpu_time_estimate_from_the_store(tmp_path):
     assert record["environment"]["threads"] == 1 and record["config"]["rounds"] == CONFIG.rounds
     assert planned[0]["estimated_cpu_s"] == pytest.approx(2 * stored_seconds, abs=0.1)
     assert "one-thread CPU hours" in out
+
+
+def test_a_stand_in_of_another_dataset_reports_the_asked_datasets_metrics():
+    """A stand-in recorded on another dataset gains the metrics the store's runs of the asked dataset report (a
+    Shakespeare page reading perplexity used to break on a Fashion-MNIST stand-in), as copies of its loss rows."""
+    import importlib.util
+
+    import pandas as pd
+
+    spec = importlib.util.spec_from_file_location("plan_runs", SCRIPTS / "plan_runs.py")
+    plan_runs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plan_runs)
+    history = pd.DataFrame({"round": [5, 5, 10, 10], "metric": ["accuracy", "loss"] * 2, "group": "global",
+                            "value": [0.5, 1.5, 0.6, 1.2]})
+    shakespeare = {"config": {"dataset": "shakespeare"},
+                   "history": [["metric", ["accuracy", "loss", "perplexity"]]]}
+    other = {"config": {"dataset": "fmnist"}, "history": [["metric", ["accuracy", "loss", "f1"]]]}
+    grafted = plan_runs.with_metrics_of("shakespeare", history, [shakespeare, other])
+    assert grafted[grafted.metric == "perplexity"].value.tolist() == [1.5, 1.2]
+    assert len(grafted) == 6 and "f1" not in set(grafted.metric)
+    assert plan_runs.with_metrics_of("fmnist", history, [shakespeare]) is history  # no run of it: unchanged
