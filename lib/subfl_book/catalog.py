@@ -1,6 +1,8 @@
 """Named experiments shared by several chapters (so two notebooks never drift apart on one setting)."""
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -831,13 +833,30 @@ sampling of the Collective and the Unbiased designs, the two strategies of the p
 sampling (κ = 0), the softmax of the singular values (``weighting="softmax"``) and PriSM's p ∝ λ^κ with κ = 4."""
 
 
-def spectral_ablation_configs(table: str, *, keep: str = "r0.2", scale: str = "cpu",
-                              seed: int = 0) -> list[ExperimentConfig]:
-    """The runs of one of :data:`SPECTRAL_ABLATIONS` (at :data:`SPECTRAL_LOW_LR`)."""
+def spectral_ablation_configs(table: str, *, keep: str = "r0.2", scale: str = "cpu", seed: int = 0,
+                              split: str = "0.1") -> list[ExperimentConfig]:
+    """The runs of one of :data:`SPECTRAL_ABLATIONS` (at :data:`SPECTRAL_LOW_LR`) on the label split ``split``:
+    ``"iid"`` or a Dirichlet α written as a number (``"0.1"``, the training table's split, by default)."""
     if table not in SPECTRAL_ABLATIONS:
         raise ValueError(f"table={table!r} is not valid; accepted: {', '.join(SPECTRAL_ABLATIONS)}")
-    return [spectral_config(m, keep, scale=scale, seed=seed, lr=SPECTRAL_LOW_LR, **options)
+    partition, alpha = label_split(split)
+    return [spectral_config(m, keep, partition, alpha, scale=scale, seed=seed, lr=SPECTRAL_LOW_LR, **options)
             for m, options in SPECTRAL_ABLATIONS[table]]
+
+
+def label_split(split: str) -> tuple[str, float | None]:
+    """``(partition, alpha)`` of a label split named as the pages name them: ``"iid"``, or a Dirichlet α written as a
+    positive number (``"1"``, ``"0.1"``)."""
+    if split == "iid":
+        return "iid", None
+    try:
+        alpha = float(split)
+    except (TypeError, ValueError):
+        alpha = None
+    if not isinstance(split, str) or alpha is None or not math.isfinite(alpha) or alpha <= 0:
+        raise ValueError(f"split={split!r} is not valid; accepted: 'iid' or a Dirichlet α written as a positive "
+                         f"number, e.g. '1' or '0.1'")
+    return "dirichlet", alpha
 
 
 # ---- FedP3 chapter -------------------------------------------------------------------------------------------

@@ -26,6 +26,21 @@ def test_prism_table5_runs_its_three_rows_in_the_papers_order():
         assert softmax.lr == 0.005 and softmax.heterogeneity == "0.2" and softmax.seed == seed
 
 
+def test_ablations_run_on_other_label_splits_and_refuse_bad_ones():
+    """Table 5 of PriSM has i.i.d and alpha = 1 columns: the same three runs on those splits differ from the default
+    (Dirichlet(0.1)) runs in the partition alone, and the default split keeps the configs it had."""
+    default = spectral_ablation_configs(PRISM_SAMPLING_TABLE, scale="cpu")
+    assert spectral_ablation_configs(PRISM_SAMPLING_TABLE, scale="cpu", split="0.1") == default
+    assert [(c.partition, c.alpha) for c in default] == [("dirichlet", 0.1)] * 3
+    for split, partition, alpha in (("iid", "iid", None), ("1", "dirichlet", 1.0)):
+        configs = spectral_ablation_configs(PRISM_SAMPLING_TABLE, scale="cpu", split=split)
+        assert [c.replace(partition="dirichlet", alpha=0.1) for c in configs] == default
+        assert {(c.partition, c.alpha) for c in configs} == {(partition, alpha)}
+    for bad in ("dirichlet", "0", "-1", "nan", 1.0):
+        with pytest.raises(ValueError, match="split=.*accepted: 'iid' or a Dirichlet"):
+            spectral_ablation_configs(PRISM_SAMPLING_TABLE, scale="cpu", split=bad)
+
+
 def test_sampling_distribution_rows_on_known_spectra():
     """A flat spectrum: all three distributions are uniform, π = n / N = 2/10 and the kept share 0.2. Uniform
     sampling keeps n / N of ‖W‖² whatever the spectrum (0.4 with n = 2 of 5). Softmax of (ln 4, ln 2, 0, 0, 0) is
