@@ -88,6 +88,31 @@ def round_diagnostic(run: RunResult, metric: str, how: str = "mean") -> float:
     return summaries[how]()
 
 
+def training_loss_checkpoints(runs: Sequence[RunResult], parts: int = 4,
+                              metric: str = "train_set_loss") -> tuple[list[int], list[list[float]]]:
+    """Fig. 2 (App. A): the global model's ``metric`` on the training images it is scored on
+    (``train_eval_samples``), at ``parts`` evenly spaced evaluation rounds (the last evaluated round included):
+    ``(rounds, values)`` with ``values[k]`` the per-run values at ``rounds[k]``. Diverged runs are left out; the
+    runs must share their evaluation rounds; a run that logged no ``metric`` raises ``ValueError``."""
+    if parts < 2:
+        raise ValueError(f"parts={parts!r} is not valid; accepted: an int >= 2 (a trend needs two points)")
+    finished = [r for r in runs if not r.diverged]
+    frames = []
+    for r in finished:
+        h = r.history
+        rows = h[(h.metric == metric) & (h.group == "global")].set_index("round").value
+        if rows.empty:
+            raise ValueError(f"run {r.config.label()} logged no {metric!r}; set its train_eval_samples")
+        frames.append(rows)
+    if not frames:
+        return [], []
+    evaluated = sorted(frames[0].index)
+    if any(sorted(f.index) != evaluated for f in frames):
+        raise ValueError("the runs evaluated at different rounds; accepted: runs of one schedule")
+    picks = sorted({evaluated[math.ceil(len(evaluated) * k / parts) - 1] for k in range(1, parts + 1)})
+    return picks, [[float(f[rnd]) for f in frames] for rnd in picks]
+
+
 def seedwise_best(values: Mapping[str, Sequence[float]], *methods: str) -> list[float]:
     """Per seed, the largest value among ``methods`` (e.g. the better of top-n and PriSM, Table 1's caption)."""
     return [max(per_seed) for per_seed in zip(*(values[m] for m in methods))]
