@@ -37,8 +37,12 @@ from types import MappingProxyType
 
 import pandas as pd
 
+from collections.abc import Iterable
+
 from .analysis import finding_status, mean_std_labels
+from .store import run_seeds
 from subfl.experiments.config import ExperimentConfig, make_config
+from subfl.experiments.runner import RunResult
 
 SPECTRAL_SHAKESPEARE_TRAINING = MappingProxyType(dict(optimizer="adam", lr=0.003, grad_clip=1.0, momentum=0.0,
                                                       local_epochs=1, lr_schedule="constant"))
@@ -69,6 +73,20 @@ def spectral_shakespeare_config(method: str, keep: str = "0.2", *, scale: str = 
               "heterogeneity": "1.0" if method in FULL_MODEL_METHODS else keep, **overrides}
     return make_config(method, "shakespeare", model="tiny_gpt", partition="natural", scale=scale, seed=seed,
                        **fields)
+
+
+RECORDED_ROUNDS_MULTIPLE = 2
+"""The Shakespeare runs are recorded at twice the setting's rounds (60 at ``cpu``): the longer-training page reads them
+whole and the Shakespeare page their first half (:func:`shakespeare_runs`), so the two pages share one set of runs
+instead of computing the first 30 rounds twice."""
+
+
+def shakespeare_runs(config: ExperimentConfig, seeds: Iterable[int], *, data_root=None) -> list[RunResult]:
+    """One run of ``config`` per seed, read as the first ``config.rounds`` rounds of the recorded run of
+    :data:`RECORDED_ROUNDS_MULTIPLE` × as many rounds (:meth:`~subfl.experiments.runner.RunResult.first_rounds`:
+    with the setting's constant learning rate the shorter run repeats them bit for bit)."""
+    longer = config.replace(rounds=RECORDED_ROUNDS_MULTIPLE * config.rounds)
+    return [run.first_rounds(config.rounds) for run in run_seeds(longer, seeds, data_root=data_root)]
 
 
 HEURISTICS = ("topn", "prism")

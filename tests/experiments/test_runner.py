@@ -245,10 +245,28 @@ def test_a_longer_run_repeats_the_shorter_run_round_for_round(tmp_path, method):
     assert len(head) == len(short.history) > 0
     pd.testing.assert_frame_equal(head[["round", "metric", "group"]], short.history[["round", "metric", "group"]])
     assert (head["value"] == short.history["value"]).all()  # bit for bit
+    prefix = longer.first_rounds(2)   # what a page reads instead of computing the shorter run
+    assert prefix.config == short.config
+    pd.testing.assert_frame_equal(prefix.history, short.history)
+    led, short_led = prefix.ledger.drop(columns="n_samples"), short.ledger.drop(columns="n_samples")
+    pd.testing.assert_frame_equal(led, short_led, check_dtype=False)
+    for field in ("final_accuracy", "best_accuracy", "diverged_at_round", "rounds", "upload_bytes", "download_bytes",
+                  "final"):
+        assert prefix.summary[field] == short.summary[field], field
+    assert prefix.final() == short.final() and prefix.timings["round"].max() == 2
+    with pytest.raises(FileNotFoundError, match="no saved weights"):
+        prefix.state()
+    with pytest.raises(ValueError, match=r"rounds=5 is not valid; accepted: an int in 1..4"):
+        longer.first_rounds(5)
     cosine = cfg.replace(lr_schedule="cosine")
     short = run_experiment(cosine.replace(rounds=2), tmp_path / "cos_short", cache=False)
     longer = run_experiment(cosine.replace(rounds=4), tmp_path / "cos_long", cache=False)
     assert longer.curve("train_loss").value.iloc[1] != short.curve("train_loss").value.iloc[1]
+    with pytest.raises(ValueError, match="lr_schedule is 'cosine'"):
+        longer.first_rounds(2)
+    sparse = run_experiment(cfg.replace(rounds=4, eval_every=2), tmp_path / "sparse", cache=False)
+    with pytest.raises(ValueError, match="rounds=3 is not a round the run evaluated"):
+        sparse.first_rounds(3)
 
 
 def test_verify_false_reads_a_repacked_copy_that_verification_refuses(tmp_path):

@@ -159,6 +159,75 @@ class RunResult:
         c = self.curve(metric, group)
         return float(c.value.iloc[-1]) if len(c) and not self.diverged else float("nan")
 
+    def first_rounds(self, rounds: int) -> RunPrefix:
+        """The run's first ``rounds`` rounds, as the run of ``config.replace(rounds=rounds)`` would have recorded
+        them: its history, ledger and timings up to that round and a summary read from them.
+
+        Every random draw of a run comes from (seed, round, client), so with a learning rate that does not depend
+        on the run's length (``lr_schedule="constant"``) a shorter run repeats a longer one's first rounds bit for
+        bit on one machine (``tests/experiments/test_runner.py``); a page can then read the shorter run from the
+        longer one instead of computing both. Refused (``ValueError``) for any other schedule, and when the run
+        neither evaluated at ``rounds`` nor diverged by then (the shorter run would have evaluated there). The
+        prefix has no final weights (:meth:`RunPrefix.state` raises)."""
+        if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or not 1 <= rounds <= self.config.rounds:
+            raise ValueError(f"rounds={rounds!r} is not valid; accepted: an int in 1..{self.config.rounds} (the run's "
+                             f"rounds)")
+        if self.config.lr_schedule != "constant":
+            raise ValueError(f"the run's lr_schedule is {self.config.lr_schedule!r}: its first {rounds} rounds are not "
+                             f"a shorter run's; accepted: runs with lr_schedule='constant'")
+        diverged_at = self.summary.get("diverged_at_round")
+        evaluated = set(self.curve()["round"]) | set(self.curve("loss")["round"])
+        if int(rounds) not in evaluated and not (diverged_at is not None and diverged_at <= rounds):
+            raise ValueError(f"rounds={rounds} is not a round the run evaluated (eval_every={self.config.eval_every}); "
+                             f"accepted: a multiple of eval_every, or the run's last round")
+        return RunPrefix(self, int(rounds))
+
+
+class RunPrefix(RunResult):
+    """The first rounds of a longer run (:meth:`RunResult.first_rounds`): what the shorter run would have recorded."""
+
+    def __init__(self, run: RunResult, rounds: int) -> None:
+        super().__init__(run.config.replace(rounds=rounds), run.directory, from_cache=run.from_cache)
+        self.of, self.rounds = run, rounds
+        self.key = getattr(run, "key", None)
+
+    @cached_property
+    def history(self) -> pd.DataFrame:
+        h = self.of.history
+        return h[h["round"] <= self.rounds].reset_index(drop=True)
+
+    @cached_property
+    def ledger(self) -> pd.DataFrame:
+        led = self.of.ledger
+        return led[led["round"] <= self.rounds].reset_index(drop=True)
+
+    @cached_property
+    def timings(self) -> pd.DataFrame:
+        t = self.of.timings
+        return t[t["round"] <= self.rounds].reset_index(drop=True)
+
+    @cached_property
+    def summary(self) -> dict[str, Any]:
+        """The longer run's summary with the fields that depend on its length read from the first rounds."""
+        h, diverged_at = self.history, self.of.summary.get("diverged_at_round")
+        last = h[(h["round"] == self.rounds) & (h.metric != "train_loss")]
+        accuracy = h[(h.metric == "accuracy") & (h.group == "global")]
+        diverged = diverged_at is not None and diverged_at <= self.rounds
+        up = self.ledger[self.ledger.direction == "up"]["bytes"].sum()
+        down = self.ledger[self.ledger.direction == "down"]["bytes"].sum()
+        return {**self.of.summary,
+                "final_accuracy": None if diverged or accuracy.empty else float(accuracy.value.iloc[-1]),
+                "diverged_at_round": diverged_at if diverged else None,
+                "best_accuracy": float(accuracy.value.max()) if len(accuracy) else None,
+                "final": {f"{g}/{m}": v for g, m, v in zip(last.group, last.metric, last.value)},
+                "rounds": min(self.rounds, diverged_at) if diverged else self.rounds,
+                "wall_time_s": None, "upload_bytes": int(up), "download_bytes": int(down),
+                "config": self.config.to_dict(), "first_rounds_of": self.of.summary.get("run_key")}
+
+    def state(self) -> dict[str, Any]:
+        raise FileNotFoundError(f"the first {self.rounds} rounds of a {self.of.config.rounds}-round run have no saved "
+                                f"weights (only the whole run's final state is kept)")
+
 
 def _summary(config: ExperimentConfig, result, dataset: FederatedDataset, parts: list[np.ndarray],
              key: str) -> dict[str, Any]:
