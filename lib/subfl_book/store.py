@@ -321,9 +321,9 @@ def run_experiment(config: ExperimentConfig, *, data_root: str | Path | None = N
             return stored
         work = work_root() / key[:24]
         seed_pretrained_cache(pretrained_root(config.scale))
-        with book_threads():
+        with book_threads():   # the record's confusion matrices too, as scripts/compute_runs.py computes them
             result = compute_run(config, work, cache=False, data_root=data_root, progress=progress)
-        save_record(result, key, keep_state=keep_state, data_root=data_root, root=root_for(config))
+            save_record(result, key, keep_state=keep_state, data_root=data_root, root=root_for(config))
         if config.scale != "ci":
             record_pretrained_cache(pretrained_root(config.scale))
         shutil.rmtree(work, ignore_errors=True)
