@@ -9,7 +9,9 @@ export SUBFL_DATA_ROOT
 .PHONY: setup book site test status fmnist chromium mathjax
 
 # Test processes: two one-thread workers (pytest-xdist) beat one two-thread process on a 2-core machine; a notebook's
-# cells stay together on one worker (--dist loadfile). TEST_WORKERS= runs the suite in one process.
+# cells stay together on one worker (--dist loadfile). TEST_WORKERS= runs the suite in one process. The notebooks'
+# kernels are processes of their own: OMP_NUM_THREADS=1 gives them one torch thread too (with two workers, two-thread
+# kernels oversubscribe the cores and their many tiny operations wait on each other).
 TEST_WORKERS ?= -n 2 --dist loadfile
 
 $(VENV)/.installed: pyproject.toml
@@ -60,4 +62,5 @@ status: setup
 	$(VENV)/bin/subfl-book --status
 
 test: setup
-	SUBFL_SCALE=ci $(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider -q --durations=25 $(TEST_WORKERS)
+	SUBFL_SCALE=ci OMP_NUM_THREADS=1 $(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider -q --durations=25 \
+	  $(TEST_WORKERS)
