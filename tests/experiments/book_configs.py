@@ -73,7 +73,7 @@ def _catalog(scale: str) -> Iterator[tuple[str, ExperimentConfig]]:
             yield f"caff fig3 {share} F_{layers}", c.caff_fig3_config(share, layers, scale=scale)
 
     # spectral sharding and PriSM (training, keep_ratios, heterogeneous, trainable_sigma, memory_efficient, ...)
-    spectral_methods = (*c.SPECTRAL_METHODS, "unbiased", "collective", "schatten+cliplr", "prism+scaled",
+    spectral_methods = (*c.SPECTRAL_METHODS, "unbiased", "collective", "schatten+cliplr", "prism+scaled", "topn+scaled",
                         "prism+sigma", "prism+memory", "nosharding")
     for keep in c.SPECTRAL_KEEP:
         for method in spectral_methods:
@@ -96,16 +96,29 @@ def _catalog(scale: str) -> Iterator[tuple[str, ExperimentConfig]]:
         for method in methods:
             cfg = c.spectral_heterogeneity_config(method, split, scale=scale)
             yield f"spectral heterogeneity {method} {split}", cfg
-            if split == "0.1":  # prism/epochs_clients.ipynb: local epochs and active clients
-                for change in ([{"local_epochs": e} for e in (1, 2, 3)]
+            if split == "0.1":  # prism/epochs_clients.ipynb: local epochs (rounds x epochs fixed) and active clients
+                total = cfg.rounds * cfg.local_epochs
+                for change in ([{"local_epochs": e, "rounds": total // e} for e in (1, 2, 4) if total % e == 0]
                                + [{"clients_per_round": round(s * cfg.num_clients)} for s in (0.25, 0.5, 1.0)]):
                     yield f"epochs_clients {method} {change}", cfg.replace(**change)
+    # prism/heterogeneous.ipynb: Table 3's i.i.d and alpha = 1 rows of the mixed keep ratios
+    for split in ("iid", "1"):
+        for method in ("fedavg", "origdrop", "topn", "prism"):
+            yield f"heterogeneous table 3 {method} {split}", c.spectral_config(
+                method, "mixed", *c.label_split(split), scale=scale, lr=c.SPECTRAL_LOW_LR)
+    # spectral/keep_ratios.ipynb: Fig. 2's designs also scored on training images
+    for method in ("unbiased+cliplr", "collective+cliplr"):
+        yield f"keep ratios fig 2 {method}", c.spectral_config(method, "r0.1", scale=scale, lr=c.SPECTRAL_LOW_LR
+                                                               ).replace(train_eval_samples=100 if scale == "ci" else 2000)
     for method in c.PRISM_FACTOR_DECAY_METHODS:
         for decay in ("weight", "frobenius"):
             yield f"factor decay {method} {decay}", c.prism_factor_decay_config(method, decay, scale=scale)
     for table in c.SPECTRAL_ABLATIONS:
         yield from ((f"ablation {table} {i}", cfg) for i, cfg in enumerate(c.spectral_ablation_configs(
             table, scale=scale)))
+    for split in ("iid", "1"):  # spectral/ablations.ipynb: PriSM Table 5's other columns
+        yield from ((f"ablation prism table 5 {split} {i}", cfg) for i, cfg in enumerate(c.spectral_ablation_configs(
+            "PriSM's sampling distribution (PriSM Table 5)", scale=scale, split=split)))
 
     # FedP3 (layers, datasets, pruning, aggregation, privacy, blocks)
     for dataset in c.FEDP3_MODELS:
@@ -134,6 +147,7 @@ def _other_modules(scale: str) -> Iterator[tuple[str, ExperimentConfig]]:
     yield from ((f"centralised {i}", cfg) for i, cfg in enumerate(centralised_configs(scale=scale)))
     for method in ("fedavg", "topn", "prism", "origdrop", "splitmix"):
         yield f"imdb {method}", imdb_config(method, "0.2", scale=scale)
+        yield f"imdb {method} non-iid", imdb_config(method, "0.2", partition="dirichlet", alpha=0.1, scale=scale)
     for method in ("fedavg", "topn", "prism", "unbiased", "collective", "nosharding"):
         for keep in ("0.2", "0.1", "0.2:0.6,0.4:0.4"):
             cfg = spectral_shakespeare_config(method, keep, scale=scale)
