@@ -859,6 +859,12 @@ def label_split(split: str) -> tuple[str, float | None]:
     return "dirichlet", alpha
 
 
+def split_name(split: str) -> str:
+    """How a page names a label split (:func:`label_split`): ``"i.i.d"`` or ``"Dirichlet(α)"``."""
+    label_split(split)
+    return "i.i.d" if split == "iid" else f"Dirichlet({split})"
+
+
 # ---- FedP3 chapter -------------------------------------------------------------------------------------------
 FEDP3_SPLITS = {"S1": dict(partition="k_classes", classes_per_client=5),
                 "S2": dict(partition="dirichlet_allocation", alpha=0.5),

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from subfl.sampling import softmax_probabilities, wallenius_inclusion
-from subfl_book.catalog import spectral_ablation_configs
+from subfl_book.catalog import spectral_ablation_configs, split_name
 from subfl_book.pages.spectral import PRISM_SAMPLING_TABLE, final_layer_spectra, sampling_distribution_rows
 
 
@@ -39,6 +39,9 @@ def test_ablations_run_on_other_label_splits_and_refuse_bad_ones():
     for bad in ("dirichlet", "0", "-1", "nan", 1.0):
         with pytest.raises(ValueError, match="split=.*accepted: 'iid' or a Dirichlet"):
             spectral_ablation_configs(PRISM_SAMPLING_TABLE, scale="cpu", split=bad)
+        with pytest.raises(ValueError, match="split=.*accepted: 'iid' or a Dirichlet"):
+            split_name(bad)
+    assert [split_name(s) for s in ("iid", "1", "0.1")] == ["i.i.d", "Dirichlet(1)", "Dirichlet(0.1)"]
 
 
 def test_sampling_distribution_rows_on_known_spectra():
