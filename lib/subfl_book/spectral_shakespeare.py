@@ -33,11 +33,10 @@ Sizes per scale (:data:`SPECTRAL_SHAKESPEARE_SIZES`): ``ci`` seconds; ``cpu`` as
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from types import MappingProxyType
 
 import pandas as pd
-
-from collections.abc import Iterable
 
 from .analysis import finding_status, mean_std_labels
 from .store import run_seeds

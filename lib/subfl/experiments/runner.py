@@ -208,18 +208,13 @@ class RunPrefix(RunResult):
 
     @cached_property
     def summary(self) -> dict[str, Any]:
-        """The longer run's summary with the fields that depend on its length read from the first rounds."""
-        h, diverged_at = self.history, self.of.summary.get("diverged_at_round")
-        last = h[(h["round"] == self.rounds) & (h.metric != "train_loss")]
-        accuracy = h[(h.metric == "accuracy") & (h.group == "global")]
+        """The longer run's summary with the fields that depend on its length read from the first rounds (as
+        :func:`_summary` reads them)."""
+        diverged_at = self.of.summary.get("diverged_at_round")
         diverged = diverged_at is not None and diverged_at <= self.rounds
         up = self.ledger[self.ledger.direction == "up"]["bytes"].sum()
         down = self.ledger[self.ledger.direction == "down"]["bytes"].sum()
-        return {**self.of.summary,
-                "final_accuracy": None if diverged or accuracy.empty else float(accuracy.value.iloc[-1]),
-                "diverged_at_round": diverged_at if diverged else None,
-                "best_accuracy": float(accuracy.value.max()) if len(accuracy) else None,
-                "final": {f"{g}/{m}": v for g, m, v in zip(last.group, last.metric, last.value)},
+        return {**self.of.summary, **_history_summary(self.history, diverged_at if diverged else None),
                 "rounds": min(self.rounds, diverged_at) if diverged else self.rounds,
                 "wall_time_s": None, "upload_bytes": int(up), "download_bytes": int(down),
                 "config": self.config.to_dict(), "first_rounds_of": self.of.summary.get("run_key")}
@@ -229,9 +224,10 @@ class RunPrefix(RunResult):
                                 f"weights (only the whole run's final state is kept)")
 
 
-def _summary(config: ExperimentConfig, result, dataset: FederatedDataset, parts: list[np.ndarray],
-             key: str) -> dict[str, Any]:
-    hist = result.history.to_frame()
+def _history_summary(hist: pd.DataFrame, diverged_at: int | None) -> dict[str, Any]:
+    """The summary fields read from a run's history: ``final_accuracy`` (the global model's, else the mean over the
+    groups; ``None`` for a diverged run), ``diverged_at_round``, ``best_accuracy`` and ``final`` (every group's
+    metrics in the last round)."""
     last_round = int(hist["round"].max()) if len(hist) else 0
     final = hist[(hist["round"] == last_round) & (hist.metric != "train_loss")]
     per_group = {f"{g}/{m}": v for g, m, v in zip(final.group, final.metric, final.value)}
@@ -239,14 +235,18 @@ def _summary(config: ExperimentConfig, result, dataset: FederatedDataset, parts:
     groups = sorted(set(acc.group))
     group_acc = [per_group[f"{g}/accuracy"] for g in groups if f"{g}/accuracy" in per_group]
     final_acc = per_group.get("global/accuracy", float(np.mean(group_acc)) if group_acc else None)
-    sizes = np.array([len(p) for p in parts])
-    if result.diverged_at is not None:
+    if diverged_at is not None:
         final_acc = None  # the model after divergence is not a result; the curve up to it stays in history.csv
+    return {"final_accuracy": final_acc, "diverged_at_round": diverged_at,
+            "best_accuracy": float(acc[acc.group == "global"].value.max()) if "global" in groups else None,
+            "final": per_group}
+
+
+def _summary(config: ExperimentConfig, result, dataset: FederatedDataset, parts: list[np.ndarray],
+             key: str) -> dict[str, Any]:
+    sizes = np.array([len(p) for p in parts])
     return {
-        "final_accuracy": final_acc,
-        "diverged_at_round": result.diverged_at,
-        "best_accuracy": float(acc[acc.group == "global"].value.max()) if "global" in groups else None,
-        "final": per_group,
+        **_history_summary(result.history.to_frame(), result.diverged_at),
         "rounds": result.rounds_completed,
         "wall_time_s": result.wall_time_s,
         "torch_threads": torch.get_num_threads(),  # results can differ in the last bits between thread counts
