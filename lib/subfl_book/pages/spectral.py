@@ -39,6 +39,34 @@ def algorithm2_rows(lam: np.ndarray, n: int, clients: int, label: str) -> list[d
     return out
 
 
+def mean_sd_label(values: Sequence[float], digits: int = 3) -> str:
+    """``"mean ± sd"`` of per-seed values (sample standard deviation; the mean alone for one value)."""
+    if not values:
+        raise ValueError("values must hold at least one per-seed value, got none")
+    mean = float(np.mean(values))
+    return f"{mean:.{digits}f}" + (f" ± {float(np.std(values, ddof=1)):.{digits}f}" if len(values) > 1 else "")
+
+
+def best_by_mean(per_seed: Mapping[tuple[str, str], Sequence[float]], split: str, candidates: Sequence[str]) -> str:
+    """The candidate method whose per-seed values on ``split`` have the highest mean (Fig. 3's "best exploring
+    strategy"); ``per_seed`` maps ``(split, method)`` to one value per seed. Ties go to the first candidate."""
+    if not candidates:
+        raise ValueError("candidates must name at least one method, got none")
+    return max(candidates, key=lambda m: float(np.mean(per_seed[split, m])))
+
+
+def lead_per_seed(per_seed: Mapping[tuple[str, str], Sequence[float]], split: str, leader: str,
+                  rivals: Sequence[str]) -> list[float]:
+    """``leader``'s value minus that of the best of ``rivals`` by mean (:func:`best_by_mean`), seed by seed (Fig. 3:
+    top-n's lead over the best exploring strategy). The two lists must pair the same seeds."""
+    rival = best_by_mean(per_seed, split, rivals)
+    ours, theirs = per_seed[split, leader], per_seed[split, rival]
+    if len(ours) != len(theirs):
+        raise ValueError(f"{leader} has {len(ours)} seeds and {rival} {len(theirs)} on split {split}; "
+                         "accepted: the same seeds for both")
+    return [float(a) - float(b) for a, b in zip(ours, theirs)]
+
+
 def find_run(runs: Iterable[RunResult], method: str, seed: int) -> RunResult:
     """The run of ``method`` with ``seed`` among ``runs`` (Table 1's cells are read per method and seed)."""
     return next(r for r in runs if r.config.method == method and r.config.seed == seed)
