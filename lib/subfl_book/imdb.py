@@ -6,7 +6,8 @@ Table 12's setting (100 clients, SGD from lr 0.1, 300 rounds, κ = 2; iid and α
 both (:func:`imdb_config`):
 
 * data — :func:`~subfl.data.load_dataset` ``"imdb"``: a class-balanced subset of the 25,000 training reviews and of
-  the 25,000 test reviews, a 10,000-word vocabulary of the training subset, each review's **last** ``max_len`` words;
+  the 25,000 test reviews, each review's **last** ``max_len`` words. The vocabulary is Table 8's at every scale
+  (:data:`IMDB_VOCABULARY`: 1001 ids = padding, unknown and the 999 most frequent words of the training subset);
 * model — :class:`~subfl.models.sentiment_lstm.SentimentLSTM` (64-d word embedding, the gate maps decomposed);
 * training — **Adam** (lr 0.003, gradient norm clipped at 1), one local epoch, the split iid over the clients.
   With PriSM's SGD (momentum 0.9) full-model FedAvg was still at 0.55–0.60 after 10–12 rounds at lr 0.05 and 0.5
@@ -25,6 +26,9 @@ from subfl.experiments.config import ExperimentConfig, make_config
 IMDB_TRAINING = MappingProxyType(dict(optimizer="adam", lr=0.003, grad_clip=1.0, local_epochs=1))
 """Local training of every method in the IMDB setting (all scales)."""
 
+IMDB_VOCABULARY = 1001
+"""Rows of the word embedding (Table 8: ``Embedding 1001 → 64``), the ``vocab_size`` of every scale."""
+
 IMDB_SIZES = MappingProxyType({
     "ci": MappingProxyType(dict(dataset_options=dict(max_len=32, max_train=400, max_test=200))),
     "cpu": MappingProxyType(dict(num_clients=10, clients_per_round=5, rounds=30, width=0.25, eval_every=1,
@@ -38,14 +42,18 @@ def imdb_config(method: str, keep: str = "0.2", *, partition: str = "iid", alpha
                 scale: str = "cpu", seed: int = 0, **overrides) -> ExperimentConfig:
     """The IMDB experiment of ``method`` with every client at keep ratio ``keep`` (``"1.0"`` for FedAvg).
 
-    ``overrides``: any config field (``method_options={...}``, ``rounds=...``), applied last.
+    ``overrides``: any config field (``method_options={...}``, ``rounds=...``), applied last; a
+    ``dataset_options`` override is merged into the scale's (``dataset_options=dict(vocab_size=10000)``).
     """
     if scale not in IMDB_SIZES:
         raise ValueError(f"scale={scale!r} is not valid; accepted: {', '.join(IMDB_SIZES)}")
-    fields = {**IMDB_TRAINING, **IMDB_SIZES[scale], "heterogeneity": "1.0" if method == "fedavg" else keep,
-              **overrides}
+    sizes = dict(IMDB_SIZES[scale])
+    dataset_options = {"vocab_size": IMDB_VOCABULARY, **sizes.pop("dataset_options", {}),
+                       **overrides.pop("dataset_options", {})}
+    fields = {**IMDB_TRAINING, **sizes, "heterogeneity": "1.0" if method == "fedavg" else keep,
+              "dataset_options": dataset_options, **overrides}
     return make_config(method, "imdb", model="sentiment_lstm", partition=partition, alpha=alpha, scale=scale,
                        seed=seed, **fields)
 
 
-__all__ = ["IMDB_SIZES", "IMDB_TRAINING", "imdb_config"]
+__all__ = ["IMDB_SIZES", "IMDB_TRAINING", "IMDB_VOCABULARY", "imdb_config"]
