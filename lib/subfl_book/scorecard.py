@@ -52,7 +52,9 @@ def _slug(text: Any) -> str:
 def departures(setting: dict[str, Any] | None, config: Any) -> list[str]:
     """How ``config`` (an ExperimentConfig) departs from the paper's ``setting`` (a register settings entry): one
     phrase per field both state and that differs (dataset, model, clients, clients per round, rounds, local epochs,
-    lr, batch, α), plus the caveat of our copy of the dataset."""
+    lr, batch, α), plus the caveat of our copy of the dataset. Where the setting lists several values (the α of
+    each split the paper runs), ours departs when it is none of them; ``None`` on our side (an i.i.d split has no
+    α) is not a departure."""
     if config is None:
         return []
     out: list[str] = []
@@ -69,10 +71,11 @@ def departures(setting: dict[str, Any] | None, config: Any) -> list[str]:
         out.append(f"model {paper_model} → {ours_model}")
     for field, attr in _CONFIG_FIELDS.items():
         paper_value = _plain_alpha(setting, config) if field == "alpha" else setting.get(field)
+        paper_values = paper_value if isinstance(paper_value, list) else [paper_value]
         ours = getattr(config, attr)
-        if isinstance(paper_value, (int, float)) and not isinstance(paper_value, bool) and ours is not None \
-                and float(paper_value) != float(ours):
-            out.append(f"{_LABELS[field]} {paper_value:g} → {ours:g}")
+        if paper_values and all(_is_number(v) for v in paper_values) and ours is not None \
+                and float(ours) not in [float(v) for v in paper_values]:
+            out.append(f"{_LABELS[field]} {' / '.join(f'{v:g}' for v in paper_values)} → {ours:g}")
     if config.dataset in DATA_CAVEATS:
         out.append(DATA_CAVEATS[config.dataset])
     return out
@@ -81,14 +84,22 @@ def departures(setting: dict[str, Any] | None, config: Any) -> list[str]:
 _CLASSES = {"cifar10": 10, "cifar100": 100, "fmnist": 10, "tinyimagenet": 200}
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _plain_alpha(setting: dict[str, Any], config: Any) -> Any:
-    """The paper's Dirichlet α in our plain Dir(α·1) notation: spectral sharding writes Dir(α·p) with p the class
-    proportions, so its α on a balanced K-class dataset is α/K per class (its α = 1 on CIFAR-10 is our 0.1)."""
+    """The paper's Dirichlet α (a number, or the list of the values it runs) in our plain Dir(α·1) notation:
+    spectral sharding writes Dir(α·p) with p the class proportions, so its α on a balanced K-class dataset is α/K
+    per class (its α = 1 on CIFAR-10 is our 0.1)."""
     alpha = setting.get("alpha")
     partition = str(setting.get("partition") or "")
-    if isinstance(alpha, (int, float)) and re.search(r"Dir\(\s*α\s*·?\s*p\s*\)", partition):
+    values = alpha if isinstance(alpha, list) else [alpha]
+    if values and all(_is_number(a) for a in values) and re.search(r"Dir\(\s*α\s*·?\s*p\s*\)", partition):
         classes = _CLASSES.get(_DATASET_NAMES.get(_slug(setting.get("dataset")), config.dataset))
-        return alpha / classes if classes else None
+        if not classes:
+            return None
+        return [a / classes for a in values] if isinstance(alpha, list) else alpha / classes
     return alpha
 
 

@@ -61,7 +61,7 @@ def claim_statuses(paper: str, rows_by_page: dict[str, list[dict]],
         if rows:
             statuses = {r["status"] for r in rows}
             status = next(s for s in COMBINE_ORDER if s in statuses)
-            note = "; ".join(dict.fromkeys(f"{r['status']} ({r['reason']})" for r in rows))
+            note = "; ".join(dict.fromkeys(_row_note(r) for r in rows))
         elif claim.not_run:
             status, note = "not-run", f"{NOT_RUN_REASONS[claim.not_run['reason']]}: {claim.not_run['detail']}"
         else:
@@ -69,6 +69,15 @@ def claim_statuses(paper: str, rows_by_page: dict[str, list[dict]],
             note = "its page has not judged it yet (page awaiting re-execution with its scorecard)"
         out.append(ClaimStatus(claim, status, rows, note))
     return out
+
+
+def _row_note(row: dict) -> str:
+    """``status (reason)``, plus where the row's setting departs from the paper's (a page row's ``departures``,
+    e.g. ``α 0.1 → 1``), so the book-level table says what a verdict was judged on."""
+    departs = row.get("departures")
+    if departs and departs != "—" and row.get("scale") != "analytic":
+        return f"{row['status']} ({row['reason']}; our setting departs: {departs})"
+    return f"{row['status']} ({row['reason']})"
 
 
 def counts(statuses: Iterable[ClaimStatus]) -> Counter:

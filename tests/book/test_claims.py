@@ -74,10 +74,15 @@ def test_claim_status_combines_rows_with_differs_first():
     rows = {"book/x": [{"claim": "prism:t1-prism", "status": "same", "reason": "r1", "ours": "1", "page": "book/x"}],
             "book/y": [{"claim": "prism:t1-prism", "status": "differs", "reason": "r2", "ours": "2", "page": "book/y"},
                        {"claim": "prism:sec4-gap", "status": "inconclusive", "reason": "r3", "ours": "3",
-                        "page": "book/y"}]}
+                        "page": "book/y", "scale": "cpu", "departures": "α 0.1 → 1"},
+                       {"claim": "prism:sec4-gap", "status": "inconclusive", "reason": "r4", "ours": "4",
+                        "page": "book/y", "scale": "analytic", "departures": "α 0.1 → 1"},
+                       {"claim": "prism:sec4-gap", "status": "inconclusive", "reason": "r5", "ours": "5",
+                        "page": "book/y", "scale": "cpu", "departures": "—"}]}
     got = {s.claim.id: (s.status, s.note) for s in scorecard_page.claim_statuses("prism", rows, register)}
     assert got["t1-prism"] == ("differs", "same (r1); differs (r2)")
-    assert got["sec4-gap"] == ("inconclusive", "inconclusive (r3)")
+    assert got["sec4-gap"] == ("inconclusive", "inconclusive (r3; our setting departs: α 0.1 → 1); inconclusive (r4); "
+                                                "inconclusive (r5)")
     assert got["t4-svd"] == ("not-run", "not testable: GPU wall clock.")
     assert got["t1-orthdrop"][0] == "not-run" and "not judged it yet" in got["t1-orthdrop"][1]
     assert dict(scorecard_page.counts(scorecard_page.claim_statuses("prism", rows, register))) == {

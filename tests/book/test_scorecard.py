@@ -125,6 +125,19 @@ def test_departures_read_dir_alpha_p_as_the_plain_per_class_alpha():
     assert not any(d.startswith("α") for d in departures(setting, same))
     other = make_config("fedavg", "cifar10", scale="cpu", partition="dirichlet", alpha=1.0)
     assert "α 0.1 → 1" in departures(setting, other)
+    listed = {**setting, "alpha": [1, 10]}
+    assert not any(d.startswith("α") for d in departures(listed, same))
+    assert "α 0.1 / 1 → 0.5" in departures(listed, make_config("fedavg", "cifar10", scale="cpu",
+                                                               partition="dirichlet", alpha=0.5))
+
+
+def test_departures_name_an_alpha_the_paper_does_not_run():
+    setting = {"source": "Sec. 4.2", "dataset": "IMDB", "alpha": [0.1], "partition": "i.i.d or Dirichlet"}
+    at_one = make_config("fedavg", "imdb", model="sentiment_lstm", scale="cpu", partition="dirichlet", alpha=1.0)
+    assert "α 0.1 → 1" in departures(setting, at_one)
+    assert not any(d.startswith("α") for d in departures(setting, at_one.replace(alpha=0.1)))
+    iid = make_config("fedavg", "imdb", model="sentiment_lstm", scale="cpu")
+    assert not any(d.startswith("α") for d in departures(setting, iid))
 
 
 def test_a_chapter_index_table_counts_each_claim_of_a_page_once_with_its_least_favourable_status(tmp_path):
