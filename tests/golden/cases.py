@@ -56,7 +56,7 @@ CASES: dict[str, dict[str, Any]] = {
         "schatten+cliplr", "nosharding")},
     **{f"{name}/tau=1": dict(_SPECTRAL, method=name, method_options={"tau": 1.0})
        for name in ("collective+cliplr", "prism+scaled+cliplr")},
-    **{name: dict(_IMAGE, method=name) for name in ("prism+memory", "prism+sigma")},
+    **{name: dict(_IMAGE, method=name) for name in ("prism+memory", "prism+narrow", "prism+sigma")},
     "prism/factor_decay=frobenius": dict(_IMAGE, method="prism", weight_decay=1e-3,
                                          method_options={"factor_decay": "frobenius"}),
     "prism/weight_decay": dict(_IMAGE, method="prism", weight_decay=1e-3),

@@ -12,6 +12,7 @@ from .width import FedRolex, FjORD, HeteroFL
 from .origdrop import OrigDrop
 from .spectral import SPECTRAL_METHODS
 from .prism_memory import MemoryEfficientPriSM
+from .prism_narrow import NarrowPriSM
 from .prism_sigma import PriSMTrainedSigma
 from .flanc import FLANC
 from .fedp3 import FEDP3_METHODS
@@ -31,6 +32,7 @@ METHODS: dict[str, type[Method]] = {
     SplitMix.name: SplitMix,  # PriSM's ensemble baseline (methods/splitmix.py)
     **SPECTRAL_METHODS,  # spectral, topn, prism, prism+scaled, unbiased, collective, ... (methods/spectral.py)
     MemoryEfficientPriSM.name: MemoryEfficientPriSM,  # prism+memory: PriSM's Eq. 5 (methods/prism_memory.py)
+    NarrowPriSM.name: NarrowPriSM,  # prism+narrow: Table 1's narrowed sub-model (methods/prism_narrow.py)
     PriSMTrainedSigma.name: PriSMTrainedSigma,  # prism+sigma: σ trained on the client (methods/prism_sigma.py)
     FLANC.name: FLANC,
     **FEDP3_METHODS,  # fedp3, lowerb, opu2, opu3, opu123, opu23 (methods/fedp3.py)
