@@ -114,6 +114,7 @@ CLI_CASES: list[tuple[str, list[str], str]] = [
     *[(f"splitmix atoms={v}", _base("splitmix") + _sets(f"method.atoms={v}"), "atoms") for v in ("0", "2.5", "true")],
     ("output_keep=1.5", _base("prism+memory") + _sets("method.output_keep=1.5"), "output_keep"),
     ("output_rows=middle", _base("prism+memory") + _sets("method.output_rows=middle"), "output_rows"),
+    ("narrow output_keep", _base("prism+narrow") + _sets("method.output_keep=0.5"), "output_keep"),
     ("prism+sigma frobenius", _base("prism+sigma") + _sets("method.factor_decay=frobenius"), "factor_decay"),
     ("flanc widths=[0]", _base("flanc") + _sets("method.widths=[0]"), "widths"),
     ("flanc ortho_lambda=-1", _base("flanc") + _sets("method.ortho_lambda=-1"), "ortho_lambda"),

@@ -87,6 +87,8 @@ def _catalog(scale: str) -> Iterator[tuple[str, ExperimentConfig]]:
                                                                        {"output_rows": rows})
                 yield f"prism+memory {keep} {options}", c.spectral_config(
                     "prism+memory", keep, "dirichlet", 0.1, scale=scale, lr=c.SPECTRAL_LOW_LR, **options)
+        yield f"prism+narrow {keep}", c.spectral_config("prism+narrow", keep, "dirichlet", 0.1, scale=scale,
+                                                        lr=c.SPECTRAL_LOW_LR)
         for method in c.SPECTRAL_FIG4_METHODS:
             yield f"spectral probe {method} {keep}", c.spectral_probe_config(method, keep, scale=scale)
     if scale in c.SPECTRAL_RESNET_SIZE:
