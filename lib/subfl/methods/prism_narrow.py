@@ -115,12 +115,13 @@ class NarrowPriSM(MemoryEfficientPriSM):
                 raise ValueError(f"option {option}={self.config[option]!r} is not valid for method {self.name!r}; "
                                  f"accepted: {fixed!r} (a narrowed client computes the leading ⌈r·n⌉ channels of "
                                  f"every layer); use 'prism+memory' to vary it")
-        self._indices: dict[tuple[int, float, str], SliceIndices] = {}
+        self._indices: dict[tuple[Any, float, str], SliceIndices] = {}
 
     # ----- which entries a client holds --------------------------------------------------------------
     def dense_indices(self, model_fn: Callable[..., nn.Module], keep_ratio: float, norm: str) -> SliceIndices:
-        """:func:`narrow_indices` of keep ratio ``keep_ratio`` in the dense model's ``state_dict`` (cached)."""
-        key = (id(model_fn), float(keep_ratio), norm)
+        """:func:`narrow_indices` of keep ratio ``keep_ratio`` in the dense model's ``state_dict`` (cached per model
+        factory, which the key holds, keep ratio and norm)."""
+        key = (model_fn, float(keep_ratio), norm)
         if key not in self._indices:
             dense = _build(model_fn, norm)
             mixing = sorted({type(m).__name__ for m in dense.modules() if isinstance(m, _MIXING_NORMS)})
