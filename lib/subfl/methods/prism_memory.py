@@ -136,14 +136,18 @@ class MemoryEfficientPriSM(SpectralSharding):
                              f"({rows.numel()}, {terms}) for its {rows.numel()} outputs and {terms} terms")
         return rows
 
-    def aggregate(self, state: ServerState, round: int, updates: Sequence[Update],
-                  ctx: ServerContext) -> ServerState:
-        """Complete each client's ``u`` (see the module docstring, step 2), then aggregate as PriSM does."""
-        specs: dict[str, LayerSpec] = state["specs"]
+    def check_updates(self, updates: Sequence[Update]) -> None:
+        """Refuse an update that does not name its keep ratio and the terms each layer trained."""
         for upd in updates:
             if "keep_ratio" not in upd.stats or "terms" not in upd.stats:
                 raise ValueError(f"update of client {upd.client_id} lacks stats['keep_ratio'] / stats['terms']; "
                                  f"{self.name} updates carry the keep ratio and the terms each layer trained")
+
+    def aggregate(self, state: ServerState, round: int, updates: Sequence[Update],
+                  ctx: ServerContext) -> ServerState:
+        """Complete each client's ``u`` (see the module docstring, step 2), then aggregate as PriSM does."""
+        specs: dict[str, LayerSpec] = state["specs"]
+        self.check_updates(updates)
         sizes = self.aggregation_weights(updates)
         completed = [dict(u.tensors) for u in updates]
         for name, spec in specs.items():

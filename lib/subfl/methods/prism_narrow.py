@@ -168,10 +168,7 @@ class NarrowPriSM(MemoryEfficientPriSM):
         """Each update written back into the dense layout, the entries it did not hold filled with the average of
         the clients that held them (else the server's value); then ``prism+memory``'s aggregation."""
         specs: dict[str, LayerSpec] = state["specs"]
-        for upd in updates:
-            if "keep_ratio" not in upd.stats or "terms" not in upd.stats:
-                raise ValueError(f"update of client {upd.client_id} lacks stats['keep_ratio'] / stats['terms']; "
-                                 f"{self.name} updates carry the keep ratio and the terms each layer trained")
+        self.check_updates(updates)
         sizes = self.aggregation_weights(updates)
         # the server's value of every entry, in the layout of a client's tensors (v: the client's terms)
         full_states, masks = [], []
