@@ -58,8 +58,8 @@ from ..fl.method import ClientContext, ServerContext, ServerState
 from ..fl.training import ClientDataset
 from ..fl.types import ClientProfile, Task, Update
 from ..models.factorized import LayerSpec
-from ..models.slicing import SliceIndices, coverage, extract, flatten_boundaries, leading_indices, scatter, \
-    state_shapes
+from ..models.slicing import SliceIndices, average_slices, coverage, extract, flatten_boundaries, leading_indices, \
+    scatter, state_shapes
 from ..sampling import keep_count
 from .prism_memory import MemoryEfficientPriSM
 from .width import global_width, model_width
@@ -171,7 +171,7 @@ class NarrowPriSM(MemoryEfficientPriSM):
         self.check_updates(updates)
         sizes = self.aggregation_weights(updates)
         # the server's value of every entry, in the layout of a client's tensors (v: the client's terms)
-        full_states, masks = [], []
+        full_states, masks, held = [], [], []
         for upd in updates:
             terms = upd.stats["terms"]
             server = {}
@@ -188,7 +188,12 @@ class NarrowPriSM(MemoryEfficientPriSM):
             indices = self.task_indices(dense, terms, server)
             full_states.append(scatter(upd.tensors, indices, server))
             masks.append(coverage(indices, state_shapes(server)))
+            held.append(indices)
         completed = [dict(s) for s in full_states]
+        plain = [k for k in full_states[0] if k in state["weights"] and torch.is_floating_point(state["weights"][k])]
+        fills = average_slices({k: state["weights"][k] for k in plain},   # per entry over its holders
+                               [({k: u.tensors[k] for k in plain}, ix, size)
+                                for u, ix, size in zip(updates, held, sizes)])
         for key in full_states[0]:
             layer, _, part = key.rpartition(".")
             if layer in specs and part in ("u", "omega"):
@@ -205,19 +210,9 @@ class NarrowPriSM(MemoryEfficientPriSM):
                 for out, full, mask, idx in zip(completed, full_states, masks, rows):
                     filled = fill[idx].reshape(full[key].shape).to(full[key].dtype)
                     out[key] = torch.where(mask[key], full[key], filled)
-            else:
-                server = state["weights"][key]
-                if not torch.is_floating_point(server):
-                    continue
-                num = torch.zeros(server.shape, dtype=torch.float64)
-                den = torch.zeros(server.shape, dtype=torch.float64)
-                for full, mask, size in zip(full_states, masks, sizes):
-                    num += size * full[key].to(torch.float64) * mask[key]
-                    den += size * mask[key]
-                fill = torch.where(den > 0, num / den.clamp_min(torch.finfo(torch.float64).tiny),
-                                   server.to(torch.float64))
+            elif key in fills:
                 for out, full, mask in zip(completed, full_states, masks):
-                    out[key] = torch.where(mask[key], full[key], fill.to(full[key].dtype))
+                    out[key] = torch.where(mask[key], full[key], fills[key].to(full[key].dtype))
         new_state = super().aggregate(state, round, [replace(u, tensors=t) for u, t in zip(updates, completed)], ctx)
         seen = {float(u.stats["keep_ratio"]) for u in updates}
         return {**new_state, "levels": sorted({*state.get("levels", ()), *seen})}
