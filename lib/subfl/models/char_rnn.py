@@ -26,8 +26,11 @@ parameters (embedding 640, input map 2,304, gates 263,168 + 262,144, classifier 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from .norm import check_input_shape, check_num_classes, check_width, scaled_channels
 
@@ -39,6 +42,22 @@ HIDDEN = 256
 
 GATES = ("input", "forget", "cell", "output")
 """The LSTM gates, in the order their ``Linear`` layers are registered."""
+
+
+def per_forward_map(layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``layer`` as the map the recurrence applies at every step of one forward pass.
+
+    A layer whose matrix is *built* from other parameters — one whose ``weight`` is a method, as in FLANC's
+    :class:`~subfl.models.composed.ComposedLinear` — builds it here, once per forward, instead of once per time
+    step: the steps then share one matrix, and its gradient reaches the basis and coefficients once, summed over
+    the steps (the same gradient up to floating-point summation order). Any other layer is returned unchanged,
+    so a plain ``Linear`` or a factorised layer computes exactly what it computed before.
+    """
+    weight = getattr(layer, "weight", None)
+    if weight is None or isinstance(weight, torch.Tensor) or not callable(weight):
+        return layer
+    matrix, bias = weight(), getattr(layer, "bias", None)
+    return lambda h: F.linear(h, matrix, bias)
 
 
 class CharLSTM(nn.Module):
@@ -73,13 +92,14 @@ class CharLSTM(nn.Module):
             raise ValueError(f"tokens must have shape (batch, {self.seq_len}), got {tuple(tokens.shape)}")
         z = self.input_map(self.embedding(tokens))                     # (B, T, H)
         x_parts = {g: layer(z) for g, layer in self.x_gates.items()}  # input paths of all steps at once
+        h_maps = {g: per_forward_map(layer) for g, layer in self.h_gates.items()}
         h = z.new_zeros(tokens.shape[0], self.hidden_size)
         c = torch.zeros_like(h)
         for t in range(self.seq_len):
-            pre = {g: x_parts[g][:, t] + layer(h) for g, layer in self.h_gates.items()}
+            pre = {g: x_parts[g][:, t] + h_map(h) for g, h_map in h_maps.items()}
             c = torch.sigmoid(pre["forget"]) * c + torch.sigmoid(pre["input"]) * torch.tanh(pre["cell"])
             h = torch.sigmoid(pre["output"]) * torch.tanh(c)
         return self.classifier(h)
 
 
-__all__ = ["EMBEDDING_DIM", "GATES", "HIDDEN", "CharLSTM"]
+__all__ = ["EMBEDDING_DIM", "GATES", "HIDDEN", "CharLSTM", "per_forward_map"]

@@ -46,7 +46,8 @@ _SPECS = MappingProxyType({
         ModelSpec("fedp3_mlp", "subfl.models.fedp3_nets:FedP3MLP", "none", ("hidden",),
                   "FedP3 EMNIST-L MLP 784-1024-1024-1024"),
         ModelSpec("char_rnn", "subfl.models.char_rnn:CharLSTM", "none", (),
-                  "one-layer character LSTM, one Linear per gate map (FLANC's Shakespeare RNN)"),
+                  "one-layer character LSTM, one Linear per gate map (FLANC's Shakespeare RNN)",
+                  version=2),  # 2: a composed gate's matrix is built once per forward (char_rnn.per_forward_map)
         ModelSpec("sentiment_lstm", "subfl.models.sentiment_lstm:SentimentLSTM", "none",
                   ("vocab_size", "embedding_dim"), "word LSTM classifier on the char_rnn cell (PriSM's IMDB model)"),
         ModelSpec("tiny_gpt", "subfl.models.transformers:tiny_gpt", "none",
