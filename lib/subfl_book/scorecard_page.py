@@ -109,6 +109,16 @@ def _group_key(claim: Claim) -> str:
     return m.group(0).rstrip(".") if m else claim.source
 
 
+def _paper_cell(status: ClaimStatus) -> str:
+    """The claim's own value, plus, for each row that judged it as a comparison with another claim (``against``),
+    what was compared and the paper's values in that comparison (e.g. ``PriSM vs Top-n: 82.59 vs 78.37 (+4.22)``),
+    so that the ``ours`` column is read against the paper's numbers of the same comparison."""
+    compared = dict.fromkeys(f"{r['statement']}: {r['paper']}" for r in status.rows
+                             if r.get("against") and r.get("statement") and r.get("paper"))
+    label = status.claim.paper_label()
+    return f"{label} (judged as {'; '.join(compared)})" if compared else label
+
+
 def _claims_table(members: Iterable[ClaimStatus]) -> list[str]:
     lines = ["| claim | where | paper | ours | status | pages / why |", "|---|---|---|---|---|---|"]
     for s in members:
@@ -116,7 +126,7 @@ def _claims_table(members: Iterable[ClaimStatus]) -> list[str]:
         pages = sorted({r["page"] for r in s.rows if r.get("page")} | set(s.claim.checked_by))
         links = ", ".join(_page_link(p) for p in pages)
         why = f"{links} — {s.note}" if links else s.note
-        lines.append(f"| {_cell(s.claim.statement)} | {_cell(s.claim.where)} | {_cell(s.claim.paper_label())} | "
+        lines.append(f"| {_cell(s.claim.statement)} | {_cell(s.claim.where)} | {_cell(_paper_cell(s))} | "
                      f"{_cell(ours)} | **{s.status}** | {_cell(why)} |")
     return lines
 

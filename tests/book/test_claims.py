@@ -87,3 +87,16 @@ def test_claim_status_combines_rows_with_differs_first():
     assert got["t1-orthdrop"][0] == "not-run" and "not judged it yet" in got["t1-orthdrop"][1]
     assert dict(scorecard_page.counts(scorecard_page.claim_statuses("prism", rows, register))) == {
         "differs": 1, "inconclusive": 1, "not-run": 2}
+
+
+def test_a_claim_judged_against_another_shows_the_papers_values_of_that_comparison():
+    from subfl_book.claims import parse
+    from .test_scorecard import RAW
+    register = parse(RAW, "prism")
+    rows = {"book/x": [{"claim": "prism:t1-prism", "status": "same", "reason": "r", "ours": "22.8 vs 11.8 (+11)",
+                        "page": "book/x", "against": "prism:t1-orthdrop", "statement": "PriSM vs OrthDrop",
+                        "paper": "82.6 vs 78.4 (+4.2)"}]}
+    statuses = {s.claim.id: s for s in scorecard_page.claim_statuses("prism", rows, register)}
+    own = statuses["t1-prism"].claim.paper_label()
+    assert scorecard_page._paper_cell(statuses["t1-prism"]) == f"{own} (judged as PriSM vs OrthDrop: 82.6 vs 78.4 (+4.2))"
+    assert scorecard_page._paper_cell(statuses["t4-svd"]) == statuses["t4-svd"].claim.paper_label()
