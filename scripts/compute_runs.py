@@ -1,6 +1,7 @@
 """Compute the runs of a plan into a store folder, several one-thread processes sharing one device.
 
-A plan is a JSON list of ``{"config": ExperimentConfig.to_dict(), "keep_state": bool}`` (``scripts/plan_runs.py``
+A plan is a JSON list of ``{"config": ExperimentConfig.to_dict(), "keep_state": bool}``, optionally with
+``"analyses": [[name, params], ...]`` (:mod:`subfl_book.final_analyses`, recorded with the run) (``scripts/plan_runs.py``
 writes one: the runs the book's stale pages read that the store lacks). Each run is an ordinary
 :func:`subfl.experiments.run_experiment` with ``device`` put into its config, so its key and its record name the
 device and the torch version it ran with (:func:`subfl.experiments.provenance.environment_class`); a page reads it
@@ -45,20 +46,20 @@ def compute(entry: dict, device: str, store_dir: str, work_dir: str, data_root: 
     torch.set_num_threads(1)  # the book's runs use one intra-op thread (part of the run key's environment class)
     from subfl.experiments import ExperimentConfig
     from subfl.experiments import run_experiment as compute_run
-    from subfl_book.store import (book_key, record_path, record_pretrained_cache, save_record, seed_pretrained_cache,
-                                  state_path)
+    from subfl_book.store import book_key, record_pretrained_cache, recorded_enough, save_record, seed_pretrained_cache
 
     config = ExperimentConfig.from_dict(entry["config"]).replace(device=device)
     key = book_key(config)
     root = Path(store_dir)
     keep_state = bool(entry.get("keep_state", False))
-    if record_path(key, root).exists() and (not keep_state or state_path(key, root).exists()):
+    analyses = entry.get("analyses") or []
+    if recorded_enough(key, root, keep_state, analyses):
         return {"key": key, "status": "present", "label": config.label(), "wall_s": 0.0}
     start = time.perf_counter()
     work = Path(work_dir) / key[:24]
     seed_pretrained_cache(root / "pretrained")  # a finetuning run starts from the store's pretrained weights
     result = compute_run(config, work, cache=False, data_root=data_root, progress=False, verify=verify)
-    save_record(result, key, keep_state=keep_state, data_root=data_root, root=root, verify=verify)
+    save_record(result, key, keep_state=keep_state, data_root=data_root, root=root, verify=verify, analyses=analyses)
     if config.scale != "ci":
         record_pretrained_cache(root / "pretrained")  # a model this run pretrained outlives the machine
     shutil.rmtree(work, ignore_errors=True)

@@ -73,6 +73,7 @@ def plan_page(page: Path) -> tuple[list[dict], list[str]]:
 
     import subfl_book
     import subfl_book.store as store
+    from subfl_book import final_analyses
 
     class StandIn(store.StoredRun):
         """A stored record under the asked config; its weights are the method's initial server state."""
@@ -83,6 +84,7 @@ def plan_page(page: Path) -> tuple[list[dict], list[str]]:
                 del self.__dict__["ledger"]  # another model's tensor names: built from the asked model below
             if record["config"].get("dataset") != config.dataset:
                 self.__dict__["history"] = with_metrics_of(config.dataset, self.history, records)
+            self.analyses = {}  # another run's values: a page's analyses are computed from the initial weights
 
         @functools.cached_property
         def context(self):
@@ -121,15 +123,17 @@ def plan_page(page: Path) -> tuple[list[dict], list[str]]:
         return 4 * (theirs.get("method") == config.method) + 2 * (theirs.get("dataset") == config.dataset) \
             + (theirs.get("model") == config.model)
 
-    def planned_run(config, *, data_root=None, progress=None, keep_state=False, same_environment=False):
-        found = store.key_to_read(config, keep_state)
+    def planned_run(config, *, data_root=None, progress=None, keep_state=False, same_environment=False,
+                    analyses=None):
+        found = store.key_to_read(config, keep_state, analyses=analyses)
         if found is not None:
             return store.load_record(config, found, store.root_for(config))
         key = store.book_key(config)
         entry = missing.setdefault(key, {"key": key, "config": config.to_dict(), "keep_state": False,
-                                         "label": config.label(),
+                                         "analyses": [], "label": config.label(),
                                          "estimated_cpu_s": estimated_cpu_seconds(config.to_dict(), rates)})
         entry["keep_state"] |= keep_state
+        entry["analyses"] = [list(r) for r in final_analyses.normalise([*entry["analyses"], *(analyses or [])])]
         stand_in = max(records, key=lambda r: similarity(r, config))
         run = StandIn(config, stand_in, Path("/nonexistent/stand-in.state.pt"))
         run._record = stand_in
@@ -157,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("pages", nargs="+", type=Path, help="source notebooks (notebooks/<chapter>/<page>.ipynb)")
     parser.add_argument("--out", type=Path, required=True, help="plan JSON to write")
     args = parser.parse_args(argv)
+    from subfl_book import final_analyses
+
     for page in args.pages:
         if not page.is_file():
             parser.error(f"page {page} is not a file; accepted: notebooks/<chapter>/<page>.ipynb")
@@ -166,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         for entry in missing:
             row = plan.setdefault(entry["key"], {**entry, "pages": []})
             row["keep_state"] |= entry["keep_state"]
+            row["analyses"] = [list(r) for r in final_analyses.normalise([*row["analyses"], *entry["analyses"]])]
             row["pages"].append(page.as_posix())
         broke = (f" ({len(errors)} code cells broke on stand-ins, the plan may be incomplete; first: {errors[0]})"
                  if errors else "")

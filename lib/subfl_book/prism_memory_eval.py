@@ -100,4 +100,30 @@ def expected_outputs_accuracy(result: RunResult, output_keep: float | None = Non
     return {"accuracy": dense, "expected_outputs_accuracy": expected, "output_keep": q}
 
 
-__all__ = ["expected_outputs_accuracy", "leading_outputs_accuracy"]
+LEADING_EDIT = "leading outputs only (rows j ≥ o zeroed)"
+EXPECTED_EDIT = "expected outputs (rows scaled by o/n)"
+
+
+def output_checks(config, output_keeps) -> list[tuple[str, str, dict]]:
+    """The edited evaluations the memory-efficient page reads of a run of ``config``, as
+    ``(edit label, analysis name, params)`` (:mod:`subfl_book.final_analyses` requests; the value's field of the
+    edited accuracy is the analysis name):
+
+    * ``prism+memory``: the one edit that matches its clients — leading rows (:func:`leading_outputs_accuracy`) or,
+      with ``output_rows="random"``, expected rows (:func:`expected_outputs_accuracy`) — at its own ``q``;
+    * ``prism`` (plain PriSM, which never dropped outputs): the control, both edits at each ``q`` of
+      ``output_keeps``;
+    * any other method: none.
+    """
+    if config.method == "prism+memory":
+        random_rows = dict(config.method_options).get("output_rows") == "random"
+        return [(EXPECTED_EDIT, "expected_outputs_accuracy", {}) if random_rows
+                else (LEADING_EDIT, "leading_outputs_accuracy", {})]
+    if config.method == "prism":
+        return [(edit, name, {"output_keep": float(q)}) for edit, name in
+                ((LEADING_EDIT, "leading_outputs_accuracy"), (EXPECTED_EDIT, "expected_outputs_accuracy"))
+                for q in output_keeps]
+    return []
+
+
+__all__ = ["EXPECTED_EDIT", "LEADING_EDIT", "expected_outputs_accuracy", "leading_outputs_accuracy", "output_checks"]

@@ -154,21 +154,29 @@ def experiment_key(canonical: dict[str, Any], versions: dict[str, Any]) -> str:
 
 
 def save_record(result: RunResult, key: str, *, keep_state: bool = False, data_root: str | Path | None = None,
-                root: Path | None = None, verify: bool = True) -> Path:
+                root: Path | None = None, verify: bool = True, analyses: Iterable[Any] | None = None) -> Path:
     """Write ``result`` into the store under ``key`` (atomically); its weights too with ``keep_state``.
 
+    ``analyses``: requests of :mod:`subfl_book.final_analyses`, each computed now from the run's final weights and
+    recorded with the run (so a page reads them without the weights).
     ``verify``: check the data files (read again for the record's confusion matrices) against the manifest's
     sha256; ``False`` for a re-packed copy whose arrays are identical (:func:`subfl.experiments.runner.prepare_data`).
     """
+    from . import final_analyses
+
     summary = result.summary
     record = {"key": key, "config": summary["config"], "canonical_config": summary["canonical_config"],
               "versions": summary["versions"], "environment": summary["environment"], "summary": summary,
               "experiment_key": experiment_key(summary["canonical_config"], summary["versions"]),
               "hardware": hardware(result.config.device),
               "history": _frame_columns(result.history), "ledger": _frame_columns(result.ledger),
-              "timings": _frame_columns(result.timings), "confusions": _confusions(result, data_root, verify)}
-    text = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str).encode()
+              "timings": _frame_columns(result.timings), "confusions": _confusions(result, data_root, verify),
+              "analyses": final_analyses.compute(result, analyses, data_root)}
     path = record_path(key, root)
+    if path.exists():   # a run computed again for more analyses keeps the values recorded before
+        earlier = json.loads(gzip.decompress(path.read_bytes())).get("analyses") or {}
+        record["analyses"] = {**earlier, **record["analyses"]}
+    text = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str).encode()
     if keep_state:
         buffer = io.BytesIO()
         torch.save(result.state(), buffer)
@@ -190,6 +198,7 @@ class StoredRun(RunResult):
         self.__dict__["timings"] = _frame(record["timings"])
         confusions = record.get("confusions")
         self.confusions = None if confusions is None else {k: _dense(v) for k, v in confusions.items()}
+        self.analyses = dict(record.get("analyses") or {})   # values of subfl_book.final_analyses, by request
         self._state_file = state_file
 
     def state(self) -> dict[str, Any]:
@@ -277,53 +286,80 @@ def same_experiment(config: ExperimentConfig, root: Path | None = None) -> list[
     return [key for key, env in sorted(rows, key=lambda row: (row[1].get("device") != "cpu", row[0]))]
 
 
-def key_to_read(config: ExperimentConfig, keep_state: bool = False, same_environment: bool = False) -> str | None:
+def recorded_enough(key: str, root: Path, keep_state: bool = False, analyses: Iterable[Any] | None = None) -> bool:
+    """Whether the store under ``root`` holds run ``key`` as a page asks for it: its record, its weights for
+    ``keep_state``, and for ``analyses`` (:mod:`subfl_book.final_analyses` requests) a current value of each, or
+    the weights to compute them from."""
+    from . import final_analyses
+
+    if not record_path(key, root).exists():
+        return False
+    has_state = state_path(key, root).exists()
+    if keep_state and not has_state:
+        return False
+    requests = final_analyses.normalise(analyses)
+    if not requests or has_state:
+        return True
+    record = json.loads(gzip.decompress(record_path(key, root).read_bytes()))
+    return final_analyses.has_all(record.get("analyses"), requests)
+
+
+def key_to_read(config: ExperimentConfig, keep_state: bool = False, same_environment: bool = False,
+                analyses: Iterable[Any] | None = None) -> str | None:
     """The key of the record a page reads for ``config`` now: the run of this environment when the store has it,
     else (unless ``same_environment`` or ``$SUBFL_STORE_SAME_ENVIRONMENT``) the first of :func:`same_experiment`;
-    ``None`` when neither is recorded (with its weights, for ``keep_state``)."""
+    ``None`` when neither is recorded (with its weights, for ``keep_state``; with the requested ``analyses``, see
+    :func:`recorded_enough`)."""
     key = book_key(config)
     root = root_for(config)
     candidates = [key]
     if not same_environment and os.environ.get(SAME_ENVIRONMENT_ENV, "") in ("", "0"):
         candidates += [k for k in same_experiment(config, root) if k != key]
     for candidate in candidates:
-        if record_path(candidate, root).exists() and (not keep_state or state_path(candidate, root).exists()):
+        if recorded_enough(candidate, root, keep_state, analyses):
             return candidate
     return None
 
 
-def _stored_enough(config: ExperimentConfig, keep_state: bool, same_environment: bool = False) -> StoredRun | None:
-    found = key_to_read(config, keep_state, same_environment)
+def _stored_enough(config: ExperimentConfig, keep_state: bool, same_environment: bool = False,
+                   analyses: Iterable[Any] | None = None) -> StoredRun | None:
+    found = key_to_read(config, keep_state, same_environment, analyses)
     return None if found is None else load_record(config, found, root_for(config))
 
 
 def run_experiment(config: ExperimentConfig, *, data_root: str | Path | None = None, progress: bool | None = None,
-                   keep_state: bool = False, same_environment: bool = False) -> RunResult:
+                   keep_state: bool = False, same_environment: bool = False,
+                   analyses: Iterable[Any] | None = None) -> RunResult:
     """The run of ``config`` from the store, computed (with one torch thread) and recorded when it is not there.
 
     ``keep_state``: the page evaluates the run's final weights again, so the store keeps them too.
+    ``analyses``: the :mod:`subfl_book.final_analyses` the page reads of this run's final weights
+    (``[("top_terms_accuracy", {"keep": 0.2})]``); they are recorded with the run, and a record without them (and
+    without weights) is computed again.
     ``same_environment``: read only a run of this machine's environment class (a page that reads timings, which
     another device or torch would change), computing it when the store has none. A run another
     process is computing is waited for (at most ``$SUBFL_LOCK_TIMEOUT_S``, default 12 h) and then read.
     """
     key = book_key(config)
-    stored = _stored_enough(config, keep_state, same_environment)
+    stored = _stored_enough(config, keep_state, same_environment, analyses)
     if stored is not None:
         _log_read(stored.key, config, same_environment)
         return stored
     _log_read(key, config, same_environment)
     if os.environ.get(STORE_ONLY_ENV, "") not in ("", "0"):
         raise MissingRunError(f"run {key[:12]} ({config.label()}) is not in the store "
-                              f"{'with its weights ' if keep_state else ''}and ${STORE_ONLY_ENV} forbids computing it")
+                              f"{'with its weights ' if keep_state else ''}"
+                              f"{'with its analyses ' if analyses else ''}and ${STORE_ONLY_ENV} forbids computing it")
     with _run_lock(key):
-        stored = _stored_enough(config, keep_state, same_environment)  # recorded while we waited
+        stored = _stored_enough(config, keep_state, same_environment, analyses)  # recorded while we waited
         if stored is not None:
             return stored
         work = work_root() / key[:24]
         seed_pretrained_cache(pretrained_root(config.scale))
         with book_threads():   # the record's confusion matrices too, as scripts/compute_runs.py computes them
             result = compute_run(config, work, cache=False, data_root=data_root, progress=progress)
-            save_record(result, key, keep_state=keep_state, data_root=data_root, root=root_for(config))
+            save_record(result, key, keep_state=keep_state, data_root=data_root, root=root_for(config),
+                        analyses=analyses)
         if config.scale != "ci":
             record_pretrained_cache(pretrained_root(config.scale))
         shutil.rmtree(work, ignore_errors=True)

@@ -252,3 +252,24 @@ def test_a_stand_in_of_another_dataset_reports_the_asked_datasets_metrics():
     assert grafted[grafted.metric == "perplexity"].value.tolist() == [1.5, 1.2]
     assert len(grafted) == 6 and "f1" not in set(grafted.metric)
     assert plan_runs.with_metrics_of("fmnist", history, [shakespeare]) is history  # no run of it: unchanged
+
+
+def test_a_plan_carries_a_pages_analyses_and_compute_runs_records_them(tmp_path):
+    """A page's final-weights analyses travel in the plan and are recorded with the run (its weights not kept)."""
+    out, planned = _plan_page_over_one_stored_run(tmp_path, [
+        PAGE_HEAD + "from subfl_book.final_analyses import final_analysis\n"
+        "config = make_config('fedavg', 'digits', scale='ci', rounds=2, max_train_samples=120, seed=7)\n"
+        "run = store.run_experiment(config, analyses=[('top_terms_accuracy', {'keep': 0.5})])\n"
+        "final_analysis(run, 'top_terms_accuracy', keep=0.5)\n"])
+    assert "broke" not in out, out
+    assert [(p["keep_state"], p["analyses"]) for p in planned] == [(False, [["top_terms_accuracy", {"keep": 0.5}]])]
+    plan = tmp_path / "analyses-plan.json"
+    plan.write_text(json.dumps(planned))
+    done = _script("compute_runs.py", str(plan), "--device", "cpu", "--store", str(tmp_path / "store2"),
+                   "--work", str(tmp_path / "work2"), "--log", str(tmp_path / "log2.jsonl"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    key = json.loads((tmp_path / "log2.jsonl").read_text().splitlines()[0])["key"]
+    record = json.loads(gzip.decompress(store.record_path(key, tmp_path / "store2").read_bytes()))
+    value = record["analyses"]['top_terms_accuracy{"keep": 0.5}']["value"]
+    assert value["keep"] == 0.5 and 0.0 <= value["top_terms_accuracy"] <= 1.0
+    assert not store.state_path(key, tmp_path / "store2").exists()

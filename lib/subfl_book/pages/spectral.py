@@ -6,6 +6,8 @@ scorecards compare. Every function takes what it reads as arguments; none reads 
 """
 from __future__ import annotations
 
+import functools
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -15,7 +17,8 @@ import pandas as pd
 import torch
 
 from subfl import sampling
-from subfl.experiments.runner import RunResult
+from subfl.experiments.runner import ModelFactory, RunResult, prepare_data
+from subfl.models.factorized import layer_specs
 from subfl.methods.spectral import term_design
 from subfl.sampling import analysis
 
@@ -197,10 +200,27 @@ def seed_metric_means(runs: Iterable[RunResult], method: str, seeds: Sequence[in
     return [by_seed.get(s, _NAN) for s in seeds]
 
 
-def effective_rank_share(run: RunResult, at: int) -> float:
+@functools.lru_cache(maxsize=32)
+def _decomposed_terms(model_fields: str, data_root: str | None) -> tuple[tuple[str, int], ...]:
+    from subfl.experiments import ExperimentConfig
+
+    config = ExperimentConfig.from_dict(json.loads(model_fields))
+    dataset, _, _ = prepare_data(config, data_root)
+    return tuple((name, spec.num_terms) for name, spec in layer_specs(ModelFactory(config, dataset)()).items())
+
+
+def decomposed_terms(run: RunResult, data_root: str | None = None) -> dict[str, int]:
+    """``N = min(n, m)``, the number of SVD terms, of each decomposed layer of the run's model, from its config (the
+    architecture alone: no weights needed). The spectral methods decompose these layers at full rank, so this is
+    the length of each layer's singular values in their server state."""
+    fields = {**run.config.to_dict(), "seed": 0, "method": "fedavg", "heterogeneity": "1.0", "method_options": {}}
+    return dict(_decomposed_terms(json.dumps(fields, sort_keys=True, default=list), data_root))
+
+
+def effective_rank_share(run: RunResult, at: int, data_root: str | None = None) -> float:
     """The server model's effective rank / N at round ``at``, mean over its decomposed layers (PriSM Fig. 8); NaN
-    past a divergence. Reads the run's saved factors for each layer's N."""
-    terms = {layer: len(f["singular_values"]) for layer, f in run.state()["factors"].items()}
+    past a divergence. Each layer's N from :func:`decomposed_terms`."""
+    terms = decomposed_terms(run, data_root)
     ranks = run.history[(run.history["metric"] == "effective_rank") & (run.history["round"] == at)]
     return float((ranks["value"] / ranks["group"].map(terms)).mean())
 
