@@ -35,7 +35,8 @@ from subfl.experiments.presets import SCALES
 
 from .recorded import RECORDED_LOG_ENV, RESULTS_DIR
 from .scorecard import PAGE_NAME_ENV, SCORECARD_LOG_ENV, read_rows
-from .store import BOOK_THREADS, RUNS_LOG_ENV, book_key, checkout_root, key_to_read, record_path
+from .store import (BOOK_THREADS, RUNS_LOG_ENV, book_key, checkout_root, key_to_read, record_path, recorded_enough,
+                    store_root)
 
 
 def project_root() -> Path:
@@ -224,6 +225,11 @@ def _staleness(source: Path, executed: dict[str, Any], scale: str) -> str | None
     missing = [r for r in runs if not record_path(r["key"]).exists()]
     if missing:
         return f"{len(missing)} of its {len(runs)} runs are not in the store"
+    lacking = [r for r in runs if r.get("analyses") and not recorded_enough(r["key"], store_root(),
+                                                                            analyses=r["analyses"])]
+    if lacking:
+        return (f"{len(lacking)} of its {len(runs)} runs lack a current value of an analysis it reads "
+                f"(subfl_book.final_analyses: recorded under another version, or never)")
     return None
 
 
@@ -240,11 +246,15 @@ def _recorded_read(log: Path) -> list[dict[str, Any]]:
 
 def _runs_read(log: Path) -> list[dict[str, Any]]:
     """The distinct runs of a page's runs log, in the order first read."""
+    from .final_analyses import normalise
+
     seen: dict[str, dict[str, Any]] = {}
     if log.exists():
         for line in log.read_text(encoding="utf-8").splitlines():
             entry = json.loads(line)
-            seen.setdefault(entry["key"], entry)
+            first = seen.setdefault(entry["key"], entry)
+            if first is not entry and entry.get("analyses"):   # the same run read again for other analyses
+                first["analyses"] = [list(r) for r in normalise([*first.get("analyses", []), *entry["analyses"]])]
     return list(seen.values())
 
 

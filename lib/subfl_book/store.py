@@ -215,10 +215,15 @@ def load_record(config: ExperimentConfig, key: str, root: Path | None = None) ->
     return StoredRun(config, json.loads(gzip.decompress(path.read_bytes())), state_path(key, root))
 
 
-def _log_read(key: str, config: ExperimentConfig, same_environment: bool = False) -> None:
+def _log_read(key: str, config: ExperimentConfig, same_environment: bool = False,
+              analyses: Iterable[Any] | None = None) -> None:
+    from . import final_analyses
+
     log = os.environ.get(RUNS_LOG_ENV)
     if log:
-        entry = {"key": key, "config": config.to_dict()} | ({"same_environment": True} if same_environment else {})
+        requests = [list(r) for r in final_analyses.normalise(analyses)]
+        entry = ({"key": key, "config": config.to_dict()} | ({"same_environment": True} if same_environment else {})
+                 | ({"analyses": requests} if requests else {}))
         with open(log, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(entry, sort_keys=True, default=list) + "\n")
 
@@ -343,9 +348,9 @@ def run_experiment(config: ExperimentConfig, *, data_root: str | Path | None = N
     key = book_key(config)
     stored = _stored_enough(config, keep_state, same_environment, analyses)
     if stored is not None:
-        _log_read(stored.key, config, same_environment)
+        _log_read(stored.key, config, same_environment, analyses)
         return stored
-    _log_read(key, config, same_environment)
+    _log_read(key, config, same_environment, analyses)
     if os.environ.get(STORE_ONLY_ENV, "") not in ("", "0"):
         raise MissingRunError(f"run {key[:12]} ({config.label()}) is not in the store "
                               f"{'with its weights ' if keep_state else ''}"

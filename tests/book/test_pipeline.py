@@ -155,6 +155,27 @@ def test_a_page_whose_run_left_the_store_is_stale_and_re_executes(executed_root)
     assert {r.state for r in book.status("ci", root=executed_root)} == {"fresh"}
 
 
+def test_a_page_is_stale_when_an_analysis_it_reads_moves_version(executed_root, monkeypatch):
+    from subfl_book import final_analyses
+    _notebook(executed_root / "notebooks" / "ch" / "c.ipynb",
+              "from subfl_book import make_config, run_experiment\n"
+              "from subfl_book.final_analyses import final_analysis\n"
+              "run = run_experiment(make_config('prism', 'digits', scale='ci', rounds=1, max_train_samples=100,\n"
+              "                                 heterogeneity='0.5'), analyses=[('top_terms_accuracy', {'keep': 0.5})])\n"
+              "cut = final_analysis(run, 'top_terms_accuracy', keep=0.5)")
+    book.execute("ci", root=executed_root)
+    run = _meta(executed_root, "c.ipynb")["runs"][0]
+    assert run["analyses"] == [["top_terms_accuracy", {"keep": 0.5}]]
+    rows = {r.notebook: r for r in book.status("ci", root=executed_root)}
+    assert rows["notebooks/ch/c.ipynb"].state == "fresh", rows["notebooks/ch/c.ipynb"].reason
+    current = final_analyses.ANALYSES["top_terms_accuracy"]
+    monkeypatch.setitem(final_analyses.ANALYSES, "top_terms_accuracy",
+                        final_analyses.Analysis(current.name, current.function, current.version + 1))
+    rows = {r.notebook: r for r in book.status("ci", root=executed_root)}
+    assert rows["notebooks/ch/c.ipynb"].reason.startswith("1 of its 1 runs lack a current value of an analysis")
+    assert rows["notebooks/ch/a.ipynb"].state == "fresh"   # it reads no analysis
+
+
 def test_a_failed_execution_leaves_the_last_good_copy_in_place(executed_root):
     copy = executed_root / "book" / "ch" / "b.ipynb"
     before = copy.read_bytes()
