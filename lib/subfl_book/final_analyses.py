@@ -108,41 +108,48 @@ def normalise(requests: Iterable[Request] | None) -> list[tuple[str, dict[str, A
     return list(out.values())
 
 
+def _current_entry(analyses: Mapping[str, Any] | None, name: str, params: Mapping[str, Any] | None
+                   ) -> dict[str, Any] | None:
+    entry = (analyses or {}).get(request_key(name, params))
+    return entry if entry is not None and entry.get("version") == ANALYSES[name].version else None
+
+
 def recorded_value(analyses: Mapping[str, Any] | None, name: str, params: Mapping[str, Any] | None = None
                    ) -> dict[str, float] | None:
-    """The value a record's ``analyses`` hold for the request, ``None`` when absent or of another version."""
-    entry = (analyses or {}).get(request_key(name, params))
-    if entry is None or entry.get("version") != ANALYSES[name].version:
-        return None
-    return dict(entry["value"])
+    """The value a record's ``analyses`` hold for the request; ``None`` when absent, of another version, or recorded
+    for a diverged run (which has no value)."""
+    entry = _current_entry(analyses, name, params)
+    return None if entry is None or entry["value"] is None else dict(entry["value"])
 
 
 def has_all(analyses: Mapping[str, Any] | None, requests: Iterable[Request] | None) -> bool:
-    """Whether a record's ``analyses`` hold a current value of every request."""
-    return all(recorded_value(analyses, name, params) is not None for name, params in normalise(requests))
+    """Whether a record's ``analyses`` hold a current entry of every request (a diverged run's entries have no
+    value: there is nothing to compute again)."""
+    return all(_current_entry(analyses, name, params) is not None for name, params in normalise(requests))
 
 
 def compute(result, requests: Iterable[Request] | None, data_root=None) -> dict[str, dict[str, Any]]:
     """Each request computed from ``result``'s final weights, as a record holds it:
-    ``{request_key: {"analysis", "params", "version", "value"}}``. A diverged run records no value (its final
-    weights are not a model; the analyses raise on it)."""
-    if getattr(result, "diverged", False):
-        return {}
-    out = {}
-    for name, params in normalise(requests):
-        value = ANALYSES[name].function(result, data_root, **params)
-        out[request_key(name, params)] = {"analysis": name, "params": params, "version": ANALYSES[name].version,
-                                          "value": _numbers(value)}
-    return out
+    ``{request_key: {"analysis", "params", "version", "value"}}``. A diverged run's entries have ``value`` None:
+    its final weights are not a model (the analyses raise on it), and the entry says so instead of leaving the
+    request open (which would have the run computed again every time it is asked for)."""
+    diverged = bool(getattr(result, "diverged", False))
+    return {request_key(name, params): {"analysis": name, "params": params, "version": ANALYSES[name].version,
+                                        "value": None if diverged else
+                                        _numbers(ANALYSES[name].function(result, data_root, **params))}
+            for name, params in normalise(requests)}
 
 
 def final_analysis(result, name: str, *, data_root=None, **params: Any) -> dict[str, float]:
     """The value of analysis ``name`` with ``params`` for a finished run: as recorded with it, else computed from its
     kept final weights. Raises :class:`MissingAnalysisError` when neither is there (request the analysis with the
     run: ``run_seeds(config, seeds, analyses=[(name, params)])``)."""
-    value = recorded_value(getattr(result, "analyses", None), name, params)
-    if value is not None:
-        return value
+    entry = _current_entry(getattr(result, "analyses", None), name, params)
+    if entry is not None:
+        if entry["value"] is None:
+            raise ValueError(f"run {result.config.label()} diverged; its final model is not a result, so it has no "
+                             f"{request_key(name, params)}")
+        return dict(entry["value"])
     try:
         result.state()
     except FileNotFoundError as exc:

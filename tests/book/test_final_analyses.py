@@ -84,3 +84,15 @@ def test_decomposed_terms_from_the_config_equal_the_saved_factors(tmp_store):
     ranks = run.history.query("metric == 'effective_rank' and round == @last")
     by_hand = (ranks["value"] / ranks["group"].map({k: len(f["singular_values"]) for k, f in factors.items()})).mean()
     assert effective_rank_share(run, last) == by_hand
+
+
+def test_a_diverged_run_records_its_requests_without_a_value_and_is_not_computed_again(tmp_store, monkeypatch):
+    diverging = make_config("fedavg", "digits", scale="ci", rounds=2, max_train_samples=120, lr=1e30)
+    run = store.run_experiment(diverging, analyses=[TOP_HALF])
+    assert run.diverged
+    assert run.analyses[request_key(*TOP_HALF)]["value"] is None
+    assert store.recorded_enough(run.key, store.root_for(diverging), analyses=[TOP_HALF])
+    monkeypatch.setattr(store, "compute_run", lambda *a, **k: pytest.fail("a diverged run was computed again"))
+    again = store.run_experiment(diverging, analyses=[TOP_HALF])
+    with pytest.raises(ValueError, match="diverged"):
+        final_analysis(again, "top_terms_accuracy", keep=0.5)
