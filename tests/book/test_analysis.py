@@ -40,8 +40,11 @@ def test_flanc_config_validates_and_applies_the_chapter_defaults():
     assert (shk.model, shk.width, shk.partition, shk.num_clients, shk.local_steps) == (
         "char_rnn", 0.25, "natural", 100, 20)
     assert dict(shk.dataset_options) == {"stride": 20, "max_users": 100}
-    with pytest.raises(ValueError, match="partition='iid' is not a split of 'shakespeare'"):
-        flanc_config("flanc", "static", "iid", dataset="shakespeare")
+    shk_iid = flanc_config("flanc", "dynamic", "iid", dataset="shakespeare")   # Table 1's IID column
+    assert (shk_iid.partition, shk_iid.num_clients, dict(shk_iid.dataset_options)) == (
+        "iid", 100, {"stride": 20, "max_users": 100})
+    with pytest.raises(ValueError, match="partition='classes' is not a split of 'shakespeare'"):
+        flanc_config("flanc", "static", "classes", dataset="shakespeare")
     with pytest.raises(ValueError, match="partition='roles' is not a split of 'fmnist'"):
         flanc_config("flanc", "static", "roles")
     cif = flanc_config("heterofl", "A25", dataset="cifar10")  # chapter 1's CIFAR-10 model and sizes
