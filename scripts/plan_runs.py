@@ -93,6 +93,9 @@ def plan_page(page: Path) -> tuple[list[dict], list[str]]:
             dataset, _, _ = prepare_data(self.config)
             return server_context(self.config, dataset, device="cpu")
 
+        def has_state(self):
+            return True
+
         def state(self):
             from subfl.methods import make_method
 

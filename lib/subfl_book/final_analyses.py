@@ -150,12 +150,10 @@ def final_analysis(result, name: str, *, data_root=None, **params: Any) -> dict[
             raise ValueError(f"run {result.config.label()} diverged; its final model is not a result, so it has no "
                              f"{request_key(name, params)}")
         return dict(entry["value"])
-    try:
-        result.state()
-    except FileNotFoundError as exc:
+    if not result.has_state():
         raise MissingAnalysisError(
             f"run {result.config.label()} has no recorded {request_key(name, params)} and no kept weights; request "
-            f"it with the run (run_seeds(..., analyses=[({name!r}, {dict(params)!r})]))") from exc
+            f"it with the run (run_seeds(..., analyses=[({name!r}, {dict(params)!r})]))")
     return _numbers(ANALYSES[name].function(result, data_root, **_check_params(name, params)))
 
 

@@ -201,6 +201,9 @@ class StoredRun(RunResult):
         self.analyses = dict(record.get("analyses") or {})   # values of subfl_book.final_analyses, by request
         self._state_file = state_file
 
+    def has_state(self) -> bool:
+        return self._state_file.exists()
+
     def state(self) -> dict[str, Any]:
         if not self._state_file.exists():
             raise FileNotFoundError(f"the store keeps no weights for run {self.key[:12]} ({self.config.label()}); "

@@ -145,6 +145,10 @@ class RunResult:
         """The method's final server state (e.g. ``state()["weights"]`` for FedAvg), as saved by the run."""
         return torch.load(self.directory / "state.pt", map_location="cpu", weights_only=False)
 
+    def has_state(self) -> bool:
+        """Whether :meth:`state` can load the final server state (without loading it)."""
+        return (self.directory / "state.pt").exists()
+
     def curve(self, metric: str = "accuracy", group: str = "global") -> pd.DataFrame:
         """(round, value) rows of one metric for one group."""
         h = self.history
@@ -218,6 +222,9 @@ class RunPrefix(RunResult):
                 "rounds": min(self.rounds, diverged_at) if diverged else self.rounds,
                 "wall_time_s": None, "upload_bytes": int(up), "download_bytes": int(down),
                 "config": self.config.to_dict(), "first_rounds_of": self.of.summary.get("run_key")}
+
+    def has_state(self) -> bool:
+        return False
 
     def state(self) -> dict[str, Any]:
         raise FileNotFoundError(f"the first {self.rounds} rounds of a {self.of.config.rounds}-round run have no saved "
