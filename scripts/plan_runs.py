@@ -17,8 +17,10 @@ no such record); a rough guide for sharing the runs between machines, not a meas
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gzip
+import io
 import json
 import sys
 from pathlib import Path
@@ -152,8 +154,9 @@ def plan_page(page: Path) -> tuple[list[dict], list[str]]:
     namespace = {"display": lambda *a, **k: None, "__name__": "__main__"}
     errors = []
     for number, source in enumerate(cells, start=1):
-        try:
-            exec(compile(source, f"{page} (code cell {number})", "exec"), namespace)
+        try:  # the page's own printing (tables, scorecard HTML) is no part of the plan's report
+            with contextlib.redirect_stdout(io.StringIO()):
+                exec(compile(source, f"{page} (code cell {number})", "exec"), namespace)
         except Exception as exc:  # a stand-in broke this cell's analysis: later cells may still ask for runs
             errors.append(f"code cell {number}: {type(exc).__name__}: {exc}"[:300])
     return list(missing.values()), errors
