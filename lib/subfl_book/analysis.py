@@ -19,6 +19,8 @@ from subfl.models.composed import build_composed_models, build_dense_model
 from subfl.experiments.config import ExperimentConfig
 from subfl.experiments.runner import RunResult, final_table
 
+from .verdict import Band, judge_bound
+
 IMAGE_SHAPES = {"fmnist": (1, 28, 28), "femnist": (1, 28, 28), "cifar10": (3, 32, 32)}
 
 
@@ -110,6 +112,19 @@ def finding_status(holds: bool, *values: float) -> str:
     if any(v != v for v in values):
         return "differs (diverged)"
     return "same" if holds else "differs"
+
+
+def bar_status(values: Sequence[float], bar: float | None, *, scale: str) -> str:
+    """The book's own bar for a full-model reference (e.g. FedAvg ≥ 0.60 on CIFAR-10 at the cpu scale), judged by
+    the verdict rule's bound (:func:`subfl_book.verdict.judge_bound`, at least ``bar``) on the per-seed ``values``:
+    ``"meets the bar"`` when the whole mean ± sd band is at or above it, ``"below the bar"`` when the whole band is
+    below it, else ``"inconclusive (<the rule's reason>)"`` (fewer than three seeds, the band straddles the bar, a
+    scale too small to decide). ``"—"`` where there is no bar (``bar`` None)."""
+    if bar is None:
+        return "—"
+    verdict = judge_bound(bar, Band.of(values), at_most=False, scale=scale)
+    words = {"same": "meets the bar", "differs": "below the bar"}
+    return words.get(verdict.status, f"{verdict.status} ({verdict.reason})")
 
 
 def ordering_check(results: Iterable[RunResult], *, method: str = "flanc", rivals: Sequence[str] = ("heterofl", "fjord"),

@@ -204,6 +204,16 @@ def test_finding_status():
     assert finding_status(True, float("nan"), 0.4) == "differs (diverged)"
 
 
+def test_bar_status_judges_the_band_by_the_verdict_rule():
+    from subfl_book.analysis import bar_status
+    assert bar_status([0.64, 0.65, 0.63], 0.60, scale="cpu") == "meets the bar"          # band 0.63-0.65
+    assert bar_status([0.55, 0.56, 0.57], 0.60, scale="cpu") == "below the bar"          # band 0.55-0.57
+    assert bar_status([0.58, 0.62, 0.61], 0.60, scale="cpu").startswith("inconclusive")  # band 0.585-0.625
+    assert bar_status([0.64, 0.65], 0.60, scale="cpu") == "inconclusive (2 seeds < 3)"  # the mean alone clears it
+    assert bar_status([0.64, 0.65, 0.63], 0.60, scale="ci").startswith("inconclusive (ci scale")
+    assert bar_status([0.64, 0.65, 0.63], None, scale="cpu") == "—"
+
+
 def _synthetic_run(method: str, seed: int, finals: dict[str, float], metric: str = "accuracy") -> RunResult:
     """A RunResult whose history holds only the final ``metric`` of each width group (no files)."""
     run = RunResult(make_config(method, "digits", "mlp", scale="ci", seed=seed), Path("/nonexistent"))
