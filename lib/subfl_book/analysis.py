@@ -106,14 +106,6 @@ def width_costs(model: str, widths: Sequence[float], *, dataset: str = "fmnist",
     return pd.DataFrame(rows)
 
 
-def finding_status(holds: bool, *values: float) -> str:
-    """The status of a paper's finding checked on our numbers: ``"same"`` when it holds, ``"differs"`` when it
-    does not, ``"differs (diverged)"`` when one of the compared ``values`` is NaN (the runs diverged)."""
-    if any(v != v for v in values):
-        return "differs (diverged)"
-    return "same" if holds else "differs"
-
-
 def bar_status(values: Sequence[float], bar: float | None, *, scale: str) -> str:
     """The book's own bar for a full-model reference (e.g. FedAvg ≥ 0.60 on CIFAR-10 at the cpu scale), judged by
     the verdict rule's bound (:func:`subfl_book.verdict.judge_bound`, at least ``bar``) on the per-seed ``values``:
@@ -649,7 +641,7 @@ def bn_recalibrated_accuracy(result: RunResult, data_root: str | None = None, *,
     return {"accuracy": before, "recalibrated_accuracy": float((preds == truth).mean())}
 
 
-__all__ = ["IMAGE_SHAPES", "best_within_cost", "group_members", "bn_recalibrated_accuracy", "recalibrate_batchnorm", "client_levels", "client_round_bytes", "finding_status", "finetuning_costs",
+__all__ = ["IMAGE_SHAPES", "best_within_cost", "group_members", "bn_recalibrated_accuracy", "recalibrate_batchnorm", "client_levels", "client_round_bytes", "bar_status", "finetuning_costs",
            "final_confusions", "final_models", "finetuning_setting", "finetuning_table", "group_class_probabilities", "mean_std_labels", "ordering_check", "payload_by_level",
            "pretrained_zero_shot", "stage_seconds", "svd_refresh_seconds", "upload_savings", "with_server_shares",
            "weak_device_f1_table", "width_costs", "width_table"]

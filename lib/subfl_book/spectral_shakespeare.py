@@ -38,7 +38,7 @@ from types import MappingProxyType
 
 import pandas as pd
 
-from .analysis import finding_status, mean_std_labels
+from .analysis import mean_std_labels
 from .store import run_seeds
 from subfl.experiments.config import ExperimentConfig, make_config
 from subfl.experiments.runner import RunResult
@@ -88,11 +88,6 @@ def shakespeare_runs(config: ExperimentConfig, seeds: Iterable[int], *, data_roo
     return [run.first_rounds(config.rounds) for run in run_seeds(longer, seeds, data_root=data_root)]
 
 
-HEURISTICS = ("topn", "prism")
-"""The heuristic strategies Table 1's caption compares the optimal designs with: top-n (OrthDrop) and PriSM."""
-
-OPTIMAL_DESIGNS = ("unbiased", "collective")
-"""Spectral sharding's two designs: Theorem 3.1 (Unbiased) and Theorem 3.2 (Collective)."""
 
 
 def last_evaluations_mean(curves: pd.DataFrame, end: int, eval_every: int, evaluations: int = 5) -> pd.Series:
@@ -135,24 +130,6 @@ def length_comparison(curves: pd.DataFrame, ends: tuple[int, int], eval_every: i
     return pd.DataFrame(columns)
 
 
-def gap_to_heuristics(late: pd.DataFrame, designs: tuple[str, ...] = OPTIMAL_DESIGNS) -> pd.DataFrame:
-    """Table 1's Shakespeare statement ("the gap is not significant") checked on ``late`` (columns ``mean`` and
-    ``std`` over the seeds, one row per method, including :data:`HEURISTICS` and ``designs``).
-
-    Per design: the better heuristic by mean, the gap to it in points, the seed spread √(sd₁² + sd₂²) in points, and
-    the status — ``same`` when |gap| ≤ 2·spread, ``differs`` when larger, ``differs (diverged)`` when a compared mean
-    is NaN, and a dash when there is one seed (no spread)."""
-    best = late.loc[list(HEURISTICS), "mean"].idxmax()
-    rows = {}
-    for design in designs:
-        gap = 100 * (late.loc[design, "mean"] - late.loc[best, "mean"])
-        spread = 100 * (late.loc[design, "std"] ** 2 + late.loc[best, "std"] ** 2) ** 0.5
-        status = (finding_status(bool(abs(gap) <= 2 * spread), *late.loc[[design, *HEURISTICS], "mean"])
-                  if spread == spread else "— (one seed: no spread to judge by)")
-        rows[design] = {"better heuristic": best, "gap (points)": gap, "spread (points)": spread, "status": status}
-    return pd.DataFrame.from_dict(rows, orient="index")
-
-
-__all__ = ["FULL_MODEL_METHODS", "HEURISTICS", "OPTIMAL_DESIGNS", "SPECTRAL_SHAKESPEARE_SIZES",
-           "SPECTRAL_SHAKESPEARE_TRAINING", "gap_to_heuristics", "last_evaluations_mean", "length_comparison", "seed_summary",
+__all__ = ["FULL_MODEL_METHODS", "SPECTRAL_SHAKESPEARE_SIZES",
+           "SPECTRAL_SHAKESPEARE_TRAINING", "last_evaluations_mean", "length_comparison", "seed_summary",
            "spectral_shakespeare_config"]

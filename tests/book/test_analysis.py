@@ -197,13 +197,6 @@ def test_width_table_averages_seeds_per_width(heterofl_run):
         width_table([heterofl_run], groups=("0.3",))
 
 
-def test_finding_status():
-    from subfl_book.analysis import finding_status
-    assert finding_status(True, 0.5, 0.4) == "same"
-    assert finding_status(False, 0.4, 0.5) == "differs"
-    assert finding_status(True, float("nan"), 0.4) == "differs (diverged)"
-
-
 def test_bar_status_judges_the_band_by_the_verdict_rule():
     from subfl_book.analysis import bar_status
     assert bar_status([0.64, 0.65, 0.63], 0.60, scale="cpu") == "meets the bar"          # band 0.63-0.65

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from subfl.experiments import run_experiment
-from subfl_book.spectral_shakespeare import (FULL_MODEL_METHODS, gap_to_heuristics, last_evaluations_mean,
+from subfl_book.spectral_shakespeare import (FULL_MODEL_METHODS, last_evaluations_mean,
                                                      length_comparison, seed_summary,
                                                      spectral_shakespeare_config)
 from subfl.models import build_model
@@ -67,21 +67,6 @@ def test_last_evaluations_mean_averages_the_window_ending_at_the_given_round():
     means = last_evaluations_mean(curves, end=10, eval_every=2, evaluations=2)   # rounds 8 and 10
     assert means.loc[("topn", 0)] == pytest.approx(0.45) and means.loc[("topn", 1)] == 1.0
     assert last_evaluations_mean(curves, end=12, eval_every=2).loc[("topn", 0)] == pytest.approx(0.4)  # 4..12
-
-
-def test_gap_to_heuristics_measures_against_the_better_heuristic_in_seed_spreads():
-    late = pd.DataFrame({"mean": [0.40, 0.38, 0.34, 0.395, 0.30], "std": [0.003, 0.01, 0.004, 0.004, float("nan")]},
-                        index=["topn", "prism", "unbiased", "collective", "single"])
-    checks = gap_to_heuristics(late)
-    assert checks.loc["unbiased", "better heuristic"] == "topn"
-    assert checks.loc["unbiased", "gap (points)"] == pytest.approx(-6.0)
-    assert checks.loc["unbiased", "spread (points)"] == pytest.approx(0.5)   # sqrt(0.3² + 0.4²)
-    assert checks.loc["unbiased", "status"] == "differs"                      # 6 points > 2 × 0.5
-    assert checks.loc["collective", "gap (points)"] == pytest.approx(-0.5)
-    assert checks.loc["collective", "status"] == "same"
-    assert gap_to_heuristics(late, designs=("single",)).loc["single", "status"].startswith("— (one seed")
-    diverged = late.assign(mean=late["mean"].where(late.index != "unbiased", math.nan))
-    assert gap_to_heuristics(diverged).loc["unbiased", "status"] == "differs (diverged)"
 
 
 def _two_method_curves():
