@@ -415,6 +415,7 @@ def add_run_card(nb: Any) -> Any:
     import nbformat
     nb.cells = [c for c in nb.cells if RUN_CARD_TAG not in c.get("metadata", {}).get("tags", [])]
     card = nbformat.v4.new_markdown_cell(run_card(nb.metadata.get("subfl", {})), metadata={"tags": [RUN_CARD_TAG]})
+    card["id"] = RUN_CARD_TAG   # a fixed id: re-executing a page changes only what it computes
     first = next((i for i, c in enumerate(nb.cells) if c.get("cell_type") == "markdown"), -1)
     nb.cells.insert(first + 1, card)
     return nb
@@ -453,6 +454,7 @@ def fold_code(nb: Any) -> Any:
             continue
         if "injected-parameters" in tags:
             tags.append("remove-cell")
+            cell["id"] = "injected-parameters"   # papermill draws a random id each execution
         elif ".placeholder()" in "".join(cell.get("source", "")):
             tags.append("remove-input")
         else:

@@ -204,6 +204,7 @@ def test_fold_code_tags_executed_cells_for_the_site():
     assert [c.metadata.get("tags") for c in nb.cells] == [
         ["parameters", "hide-input"], ["injected-parameters", "remove-cell"], ["remove-input"], None,
         ["remove-input"]]
+    assert nb.cells[1].id == "injected-parameters"   # papermill's random id replaced: re-executions diff cleanly
 
 
 def test_run_card_follows_the_title_and_states_scale_runs_machine_and_date():
@@ -215,7 +216,7 @@ def test_run_card_follows_the_title_and_states_scale_runs_machine_and_date():
                             "library_version": "0.2.0", "machine": {"processor": "x86_64", "cpus": 2, "torch": "2.14"}}
     add_run_card(add_run_card(nb))  # idempotent: one card
     cards = [c for c in nb.cells if RUN_CARD_TAG in c.metadata.get("tags", [])]
-    assert len(cards) == 1 and nb.cells[1] is cards[0]
+    assert len(cards) == 1 and nb.cells[1] is cards[0] and cards[0].id == RUN_CARD_TAG
     text = cards[0].source
     assert "**Scale** `cpu`" in text and "none (this page computes what it shows)" in text
     assert "x86_64, 2 CPUs, torch 2.14, in 12 s, 2026-11-27 12:00 UTC, subfl 0.2.0" in text
