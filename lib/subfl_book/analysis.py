@@ -19,7 +19,7 @@ from subfl.models.composed import build_composed_models, build_dense_model
 from subfl.experiments.config import ExperimentConfig
 from subfl.experiments.runner import RunResult, final_table
 
-from .verdict import Band, judge_bound
+from .verdict import MIN_SEEDS, Band, judge_bound, seed_ordering
 
 IMAGE_SHAPES = {"fmnist": (1, 28, 28), "femnist": (1, 28, 28), "cifar10": (3, 32, 32)}
 
@@ -125,10 +125,12 @@ def ordering_check(results: Iterable[RunResult], *, method: str = "flanc", rival
     """Is ``method`` ahead of every one of ``rivals`` at each width? One row per width all of them evaluated.
 
     ``margin`` is ``method``'s mean minus the best rival's (sign flipped when lower is better, e.g. perplexity,
-    so a positive margin always means ``method`` is ahead); ``spread`` is the largest
-    ``sqrt(sd_method² + sd_rival²)`` over the rivals (0 with one seed). ``status``: ``"ahead"`` when
-    margin > spread, ``"behind"`` when margin < −spread, ``"diverged"`` when a compared run diverged (its final
-    value is NaN), else ``"within seed spread"``; ``best`` is the best method among the runs that did not diverge.
+    so a positive margin always means ``method`` is ahead); ``spread`` is ``sd_method + sd_best_rival``, the
+    margin the verdict rule's bands must exceed to be apart. ``status`` applies
+    :func:`~subfl_book.verdict.seed_ordering` to ``method`` and each rival: ``"ahead"`` when it is ahead of every
+    rival, ``"behind"`` when some rival is ahead of it, ``"diverged"`` / ``"inconclusive (n < 3)"`` when a compared
+    run diverged / has fewer than three seeds, else ``"within seed spread"``; ``best`` is the best method among the
+    runs that did not diverge.
     """
     table = width_table(results, groups=groups, metric=metric)
     missing = {method, *rivals} - set(table["method"])
@@ -139,13 +141,17 @@ def ordering_check(results: Iterable[RunResult], *, method: str = "flanc", rival
     for width, sub in table.groupby("width"):
         if not {method, *rivals} <= set(sub["method"]):
             continue  # a width only some methods evaluate (e.g. FLANC's ½ in a two-device-type run)
-        mean = dict(zip(sub["method"], sub["mean"]))
-        sd = dict(zip(sub["method"], sub["std"].fillna(0.0)))
-        margin = min(sign * (mean[method] - mean[r]) for r in rivals)
-        spread = max((sd[method] ** 2 + sd[r] ** 2) ** 0.5 for r in rivals)
-        status = ("diverged" if margin != margin else "ahead" if margin > spread else
-                  "behind" if margin < -spread else "within seed spread")
-        finite = {m: v for m, v in mean.items() if v == v}
+        summary = {m: (mean, 0.0 if sd != sd else sd, n) for m, mean, sd, n in
+                   zip(sub["method"], sub["mean"], sub["std"], sub["seeds"])}
+        margin = min(sign * (summary[method][0] - summary[r][0]) for r in rivals)
+        strongest = max(rivals, key=lambda r: sign * summary[r][0])
+        spread = summary[method][1] + summary[strongest][1]
+        orders = {seed_ordering(summary[method], summary[r], higher_is_better=higher_is_better) for r in rivals}
+        status = next((o for o in ("diverged", f"inconclusive (n < {MIN_SEEDS})", "behind") if o in orders),
+                      "ahead" if orders == {"ahead"} else "within seed spread")
+        if margin != margin:
+            status = "diverged"
+        finite = {m: v[0] for m, v in summary.items() if v[0] == v[0]}
         best = (max if higher_is_better else min)(finite, key=finite.get) if finite else None
         rows.append({"width": width, "best": best, "margin": margin, "spread": spread, "status": status})
     return pd.DataFrame(rows, columns=["width", "best", "margin", "spread", "status"])

@@ -17,6 +17,8 @@ import pandas as pd
 from subfl.experiments.config import ExperimentConfig
 from subfl.experiments.runner import RunResult
 
+from .verdict import seed_ordering
+
 ROUND_METRIC = {"caff": "trained_layers", "hetlora": "lora_rank", "fedhm": "rank_ratio", "depthfl": "trained_layers",
                 "heterofl-ft": "width", "fjord-ft": "width", "fedrolex-ft": "width"}
 """The round metric in which each method records the configuration it chose for a group (a client's ``t_c``, LoRA
@@ -148,11 +150,13 @@ def caff_against_baselines(table: pd.DataFrame, metric: str, *, by: Sequence[str
     """Per cell ``by`` of a results table (:func:`table2_results` / :func:`table1_results`): CAFF's ``metric``, the
     best baseline's (among the rows that ran), the best baseline's on CAFF's own model (rows not marked ``†``),
     ``margin`` (CAFF minus the best baseline, sign flipped when lower is better, so positive means CAFF is ahead),
-    ``spread`` (``sqrt(sd_CAFF² + sd_best²)`` when the table has ``<metric> sd``, else NaN) and ``status``:
-    ``"ahead"`` / ``"behind"`` when the margin exceeds the spread (any nonzero margin with one seed; ``"tied"`` at
-    zero), ``"within seed spread"`` otherwise, ``"n/a (no baseline fits)"`` or ``"n/a (CAFF does not fit)"``."""
-    if metric not in table.columns:
-        raise ValueError(f"metric={metric!r} is not a column of table; columns: {list(table.columns)}")
+    ``spread`` (``sd_CAFF + sd_best``, the margin the verdict rule's bands must exceed to be apart) and ``status``:
+    :func:`~subfl_book.verdict.seed_ordering` of CAFF against the best baseline (``"ahead"``, ``"behind"``,
+    ``"within seed spread"``, ``"inconclusive (n < 3)"`` with fewer than three seeds), or ``"n/a (no baseline
+    fits)"`` / ``"n/a (CAFF does not fit)"``. The table needs ``seeds`` and ``<metric> sd`` columns."""
+    for column in (metric, f"{metric} sd", "seeds"):
+        if column not in table.columns:
+            raise ValueError(f"metric={metric!r} needs a column {column!r} in table; columns: {list(table.columns)}")
     sign = 1.0 if higher_is_better else -1.0
     sd_column = f"{metric} sd"
     rows = []
@@ -171,11 +175,10 @@ def caff_against_baselines(table: pd.DataFrame, metric: str, *, by: Sequence[str
         best = rivals.loc[(sign * rivals[metric]).idxmax()]
         same = rivals[~rivals.trains.str.endswith("†")]
         margin = sign * (mine[metric] - best[metric])
-        spread = float(np.hypot(mine[sd_column], best[sd_column])) if sd_column in table.columns else float("nan")
-        if spread != spread or spread == 0:
-            status = "ahead" if margin > 0 else "behind" if margin < 0 else "tied"
-        else:
-            status = "ahead" if margin > spread else "behind" if margin < -spread else "within seed spread"
+        sd_mine, sd_best = (0.0 if v != v else float(v) for v in (mine[sd_column], best[sd_column]))
+        spread = sd_mine + sd_best
+        status = seed_ordering((mine[metric], sd_mine, int(mine["seeds"])), (best[metric], sd_best, int(best["seeds"])),
+                               higher_is_better=higher_is_better)
         best_same = same.loc[(sign * same[metric]).idxmax()] if len(same) else None
         rows.append({**entry, "CAFF": mine[metric], "best baseline": METHOD_NAMES.get(best.method, best.method),
                      "its value": best[metric], "margin": margin, "spread": spread, "status": status,

@@ -191,6 +191,27 @@ def _beyond(analytic: bool) -> str:
     return "(deterministic values)" if analytic else "beyond the seed spread"
 
 
+def bands_apart(mean_a: float, sd_a: float, mean_b: float, sd_b: float) -> bool:
+    """The verdict rule's test of a difference between two quantities summarised as mean ± sd over seeds: their
+    bands [mean − sd, mean + sd] do not overlap."""
+    return mean_a - sd_a > mean_b + sd_b or mean_b - sd_b > mean_a + sd_a
+
+
+def seed_ordering(a: tuple[float, float, int], b: tuple[float, float, int], *, higher_is_better: bool = True) -> str:
+    """How ``a`` stands against ``b``, each ``(mean, sd, seeds)``, by the test :func:`judge_order` applies:
+    ``"diverged"`` when a mean is NaN, ``"inconclusive (n < 3)"`` when either has fewer than :data:`MIN_SEEDS`
+    seeds, ``"ahead"`` / ``"behind"`` when the bands are apart (``higher_is_better`` says which side is ahead),
+    else ``"within seed spread"``. For tables that compare two of our own results; claims go through the judges."""
+    (mean_a, sd_a, n_a), (mean_b, sd_b, n_b) = a, b
+    if mean_a != mean_a or mean_b != mean_b:
+        return "diverged"
+    if min(n_a, n_b) < MIN_SEEDS:
+        return f"inconclusive (n < {MIN_SEEDS})"
+    if not bands_apart(mean_a, sd_a, mean_b, sd_b):
+        return "within seed spread"
+    return "ahead" if (mean_a > mean_b) == higher_is_better else "behind"
+
+
 def judge_order(paper_first: float, paper_second: float, ours_first: Band, ours_second: Band, *,
                 chance: float | None = None, higher_is_better: bool = True, scale: str = "cpu",
                 analytic: bool = False) -> Verdict:
@@ -203,7 +224,7 @@ def judge_order(paper_first: float, paper_second: float, ours_first: Band, ours_
         return gate
     if _near_chance([ours_first, ours_second], chance, higher_is_better):
         return Verdict("near-chance", f"both within {NEAR_CHANCE:.0%} of the gap above chance {chance:g}")
-    overlap = ours_first.low <= ours_second.high and ours_second.low <= ours_first.high
+    overlap = not bands_apart(ours_first.mean, ours_first.sd, ours_second.mean, ours_second.sd)
     if paper_first == paper_second and analytic:
         return (Verdict("same", "equal, as in the paper") if ours_first.mean == ours_second.mean else
                 Verdict("differs", "the paper's two values are equal; ours are not"))

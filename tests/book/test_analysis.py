@@ -215,15 +215,15 @@ def _synthetic_run(method: str, seed: int, finals: dict[str, float], metric: str
     return run
 
 
-def test_ordering_check_margins_spread_and_status():
+def test_ordering_check_judges_each_rival_by_the_verdict_rules_bands():
     from subfl_book.analysis import ordering_check
-    runs = [_synthetic_run("flanc", s, {"0.25": 0.80 + d, "1": 0.70 + d}) for s, d in ((0, 0.0), (1, 0.02))]
-    runs += [_synthetic_run("heterofl", s, {"0.25": 0.70, "1": 0.709 + d}) for s, d in ((0, 0.0), (1, 0.002))]
-    runs += [_synthetic_run("fjord", s, {"0.25": 0.75, "1": 0.80}) for s in (0, 1)]
+    runs = [_synthetic_run("flanc", s, {"0.25": 0.80 + d, "1": 0.70 + d}) for s, d in ((0, 0.0), (1, 0.02), (2, 0.01))]
+    runs += [_synthetic_run("heterofl", s, {"0.25": 0.70, "1": 0.709 + d}) for s, d in ((0, 0.0), (1, 0.002), (2, 0.001))]
+    runs += [_synthetic_run("fjord", s, {"0.25": 0.75, "1": 0.80}) for s in (0, 1, 2)]
     table = ordering_check(runs).set_index("width")
-    # width 1/4: flanc 0.81 ± 0.01414, best rival fjord 0.75 ± 0 -> margin 0.06 > spread 0.01414: ahead
+    # width 1/4: flanc 0.81 ± 0.01, best rival fjord 0.75 ± 0 -> margin 0.06, bands apart beyond sd sum 0.01: ahead
     assert table.loc[0.25, "margin"] == pytest.approx(0.06)
-    assert table.loc[0.25, "spread"] == pytest.approx((2 * 0.01 ** 2) ** 0.5)
+    assert table.loc[0.25, "spread"] == pytest.approx(0.01)
     assert (table.loc[0.25, "status"], table.loc[0.25, "best"]) == ("ahead", "flanc")
     # width 1: flanc 0.71 vs fjord 0.80 -> behind by 0.09
     assert table.loc[1.0, "margin"] == pytest.approx(-0.09)
@@ -231,9 +231,17 @@ def test_ordering_check_margins_spread_and_status():
     # lower is better (perplexity): the sign flips, so flanc's larger values put it behind at 1/4
     ppl = ordering_check(runs, higher_is_better=False).set_index("width")
     assert ppl.loc[0.25, "margin"] == pytest.approx(-0.11) and ppl.loc[0.25, "best"] == "heterofl"
-    # within the spread: flanc 0.71 ± 0.01414 vs heterofl alone 0.710 ± 0.001414
+    # bands overlap: flanc 0.71 ± 0.01 vs heterofl alone 0.710 ± 0.001
     near = ordering_check(runs, rivals=("heterofl",)).set_index("width")
     assert near.loc[1.0, "status"] == "within seed spread"
+    assert near.loc[1.0, "spread"] == pytest.approx(0.011)
+    # the rule's band test, not a √(sd₁² + sd₂²) spread: margin 0.015 with sds 0.01 and 0.01 is within the bands
+    # (sum 0.02) although it exceeds √2·0.01 = 0.0141
+    close = [_synthetic_run("flanc", s, {"1": 0.715 + d}) for s, d in ((0, -0.01), (1, 0.0), (2, 0.01))]
+    close += [_synthetic_run("heterofl", s, {"1": 0.70 + d}) for s, d in ((0, -0.01), (1, 0.0), (2, 0.01))]
+    assert ordering_check(close, rivals=("heterofl",)).iloc[0]["status"] == "within seed spread"
+    # fewer than three seeds: inconclusive whatever the margin
+    assert set(ordering_check(runs[:2] + runs[3:5] + runs[6:8]).status) == {"inconclusive (n < 3)"}
     with pytest.raises(ValueError, match="fedrolex"):
         ordering_check(runs, rivals=("fedrolex",))
 

@@ -83,25 +83,25 @@ def test_evaluated_model_is_the_largest_trained_width_below_full_width():
     assert caff_results.evaluated_model(_Run(0.1, {}, "fedhm", {"0.5": 0.3})) == "global"  # not width slicing
 
 
-def _results(rows):
-    return pd.DataFrame([{"constraint": c, "method": m, "trains": t, "accuracy": a, "accuracy sd": s}
+def _results(rows, seeds=3):
+    return pd.DataFrame([{"constraint": c, "method": m, "trains": t, "seeds": seeds, "accuracy": a, "accuracy sd": s}
                          for c, m, t, a, s in rows])
 
 
-def test_caff_against_baselines_margin_spread_and_status():
+def test_caff_against_baselines_judges_caff_against_the_best_baseline_by_the_verdict_rules_bands():
     table = _results([("memory_mb", "caff", "F_9^1", 0.60, 0.01), ("memory_mb", "hetlora", "F_3 LoRA r=24†", 0.55, 0.02),
                       ("memory_mb", "fedhm", "F_9 ρ=0.5", 0.50, 0.01),
                       ("gflops", "caff", "F_3^3", 0.50, 0.03), ("gflops", "fedhm", "F_3 ρ=1", 0.52, 0.04),
                       ("upload_mb", "caff", "F_9^1", 0.40, 0.01), ("upload_mb", "hetlora", "—", float("nan"),
                                                                    float("nan"))])
     checks = caff_results.caff_against_baselines(table, "accuracy").set_index("constraint")
-    # memory: ahead of HetLoRA by 0.05 > sqrt(0.01² + 0.02²) = 0.0224; the best on CAFF's own model is FedHM
+    # memory: ahead of HetLoRA by 0.05 > 0.01 + 0.02 (bands apart); the best on CAFF's own model is FedHM
     assert checks.loc["memory_mb", "best baseline"] == "HetLoRA"
     assert checks.loc["memory_mb", "margin"] == pytest.approx(0.05)
-    assert checks.loc["memory_mb", "spread"] == pytest.approx(math.sqrt(0.0005))
+    assert checks.loc["memory_mb", "spread"] == pytest.approx(0.03)
     assert checks.loc["memory_mb", "status"] == "ahead"
     assert checks.loc["memory_mb", "best on CAFF's model"] == "FedHM 0.5"
-    # compute: 0.02 behind, spread 0.05: within the seed spread
+    # compute: 0.02 behind, bands 0.47-0.53 and 0.48-0.56 overlap
     assert checks.loc["gflops", "margin"] == pytest.approx(-0.02)
     assert checks.loc["gflops", "status"] == "within seed spread"
     assert checks.loc["upload_mb", "status"] == "n/a (no baseline fits)"
@@ -109,12 +109,14 @@ def test_caff_against_baselines_margin_spread_and_status():
     flipped = caff_results.caff_against_baselines(table, "accuracy", higher_is_better=False).set_index("constraint")
     assert flipped.loc["memory_mb", "best baseline"] == "FedHM"
     assert flipped.loc["memory_mb", "margin"] == pytest.approx(-0.10) and flipped.loc["memory_mb", "status"] == "behind"
-    # one seed (no sd column): the sign decides, zero is a tie
-    one_seed = table.drop(columns="accuracy sd").assign(accuracy=[0.5, 0.5, 0.4, 0.5, 0.52, 0.4, float("nan")])
-    assert list(caff_results.caff_against_baselines(one_seed, "accuracy").status) == [
-        "tied", "behind", "n/a (no baseline fits)"]
-    with pytest.raises(ValueError, match="metric='perplexity' is not a column"):
+    # fewer than three seeds: the sign of the margin is shown, the status is inconclusive
+    two_seeds = _results([("memory_mb", "caff", "F_9^1", 0.60, 0.01), ("memory_mb", "fedhm", "F_9 ρ=0.5", 0.50, 0.01)],
+                         seeds=2)
+    assert list(caff_results.caff_against_baselines(two_seeds, "accuracy").status) == ["inconclusive (n < 3)"]
+    with pytest.raises(ValueError, match="metric='perplexity' needs a column 'perplexity'"):
         caff_results.caff_against_baselines(table, "perplexity")
+    with pytest.raises(ValueError, match="needs a column 'seeds'"):
+        caff_results.caff_against_baselines(table.drop(columns="seeds"), "accuracy")
 
 
 def test_group_class_shares_split_every_training_image_between_the_groups():

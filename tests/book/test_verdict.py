@@ -165,3 +165,20 @@ def test_analytic_reasons_name_no_seed_spread():
     assert judge_best(one, [two], names=["B"], analytic=True).reason == "ahead of all 1 rivals (deterministic values)"
     assert judge_order(2.0, 1.0, Band.of([2.0, 2.1, 2.2]), Band.of([1.0, 1.1, 1.2])).reason == \
         "the paper's ordering holds beyond the seed spread"
+
+
+def test_seed_ordering_is_judge_orders_band_test_on_summaries():
+    from subfl_book.verdict import bands_apart, seed_ordering
+    assert bands_apart(0.60, 0.01, 0.55, 0.02) and not bands_apart(0.60, 0.03, 0.55, 0.02)   # 0.05 vs sd sum 0.03 / 0.05
+    assert seed_ordering((0.60, 0.01, 3), (0.55, 0.02, 3)) == "ahead"
+    assert seed_ordering((0.60, 0.01, 3), (0.55, 0.02, 3), higher_is_better=False) == "behind"
+    assert seed_ordering((0.60, 0.03, 3), (0.55, 0.02, 3)) == "within seed spread"
+    assert seed_ordering((0.60, 0.01, 2), (0.55, 0.02, 3)) == "inconclusive (n < 3)"
+    assert seed_ordering((float("nan"), 0.0, 3), (0.55, 0.02, 3)) == "diverged"
+    # the same values through judge_order: one rule
+    first, second = Band.of([0.59, 0.60, 0.61]), Band.of([0.53, 0.55, 0.57])
+    assert judge_order(2.0, 1.0, first, second).status == "same"
+    assert seed_ordering((first.mean, first.sd, 3), (second.mean, second.sd, 3)) == "ahead"
+    wide = Band.of([0.56, 0.60, 0.64])
+    assert judge_order(2.0, 1.0, wide, second).status == "inconclusive"
+    assert seed_ordering((wide.mean, wide.sd, 3), (second.mean, second.sd, 3)) == "within seed spread"
