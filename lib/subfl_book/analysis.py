@@ -149,8 +149,6 @@ def ordering_check(results: Iterable[RunResult], *, method: str = "flanc", rival
         orders = {seed_ordering(summary[method], summary[r], higher_is_better=higher_is_better) for r in rivals}
         status = next((o for o in ("diverged", f"inconclusive (n < {MIN_SEEDS})", "behind") if o in orders),
                       "ahead" if orders == {"ahead"} else "within seed spread")
-        if margin != margin:
-            status = "diverged"
         finite = {m: v[0] for m, v in summary.items() if v[0] == v[0]}
         best = (max if higher_is_better else min)(finite, key=finite.get) if finite else None
         rows.append({"width": width, "best": best, "margin": margin, "spread": spread, "status": status})

@@ -88,8 +88,6 @@ def shakespeare_runs(config: ExperimentConfig, seeds: Iterable[int], *, data_roo
     return [run.first_rounds(config.rounds) for run in run_seeds(longer, seeds, data_root=data_root)]
 
 
-
-
 def last_evaluations_mean(curves: pd.DataFrame, end: int, eval_every: int, evaluations: int = 5) -> pd.Series:
     """Each run's mean over its last ``evaluations`` evaluations up to round ``end`` (rounds
     ``end - evaluations·eval_every + 1 … end``), indexed by (method, seed). ``curves``: a
