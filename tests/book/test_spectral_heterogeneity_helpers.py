@@ -10,6 +10,7 @@ PER_SEED = {("0.1", "topn"): [50.0, 52.0, 54.0], ("0.1", "prism"): [49.0, 53.0, 
 def test_mean_sd_label_uses_the_sample_standard_deviation():
     assert mean_sd_label([50.0, 52.0, 54.0], 1) == "52.0 ± 2.0"
     assert mean_sd_label([0.5]) == "0.500"
+    assert mean_sd_label([0.5, float("nan"), float("nan")]) == "diverged (2 of 3 seeds)"   # not "nan ± nan"
     with pytest.raises(ValueError, match="at least one"):
         mean_sd_label([])
 

@@ -43,9 +43,13 @@ def algorithm2_rows(lam: np.ndarray, n: int, clients: int, label: str) -> list[d
 
 
 def mean_sd_label(values: Sequence[float], digits: int = 3) -> str:
-    """``"mean ± sd"`` of per-seed values (sample standard deviation; the mean alone for one value)."""
+    """``"mean ± sd"`` of per-seed values (sample standard deviation; the mean alone for one value). A NaN value is
+    a diverged run: the label then names them, ``"diverged (2 of 3 seeds)"``, instead of printing NaN."""
     if not values:
         raise ValueError("values must hold at least one per-seed value, got none")
+    diverged = sum(1 for v in values if v != v)
+    if diverged:
+        return f"diverged ({diverged} of {len(values)} seed{'s' if len(values) > 1 else ''})"
     mean = float(np.mean(values))
     return f"{mean:.{digits}f}" + (f" ± {float(np.std(values, ddof=1)):.{digits}f}" if len(values) > 1 else "")
 
