@@ -163,7 +163,10 @@ def stage_seconds(results: Iterable[RunResult], by: Sequence[str] = ("method",))
     ``local_per_client`` divides it by the clients per round; ``server_share`` is
     (configure + aggregate) / local_train and ``server_share_per_client`` the same against one client's training
     (clients training in parallel, as in a deployment). ``evaluate`` is averaged over the rounds that evaluated.
-    Diverged runs are left out (their last round has no aggregation)."""
+    A part of a stage that the method timed on the engine's clock (``ServerContext.timed``; the spectral methods'
+    ``aggregate/svd_refresh``) is a column of its own after those, averaged over the rounds that have it, and
+    missing for runs whose method has no such part. Diverged runs are left out (their last round has no
+    aggregation)."""
     frames = []
     for r in results:
         if r.diverged:
@@ -179,8 +182,9 @@ def stage_seconds(results: Iterable[RunResult], by: Sequence[str] = ("method",))
         if stage not in table:
             table[stage] = 0.0
     table = with_server_shares(table)
+    parts = sorted(c for c in table.columns if isinstance(c, str) and "/" in c)
     return table[[*by, "configure", "aggregate", "local_train", "local_per_client", "evaluate", "server_share",
-                  "server_share_per_client", "torch_threads"]]
+                  "server_share_per_client", *parts, "torch_threads"]]
 
 
 def with_server_shares(table: pd.DataFrame) -> pd.DataFrame:
@@ -198,7 +202,7 @@ def with_server_shares(table: pd.DataFrame) -> pd.DataFrame:
 
 def _refresh_work(model: torch.nn.Module, repeats: int, svd_solver: str):
     """``(solver, {layer: (shape label, weight matrix)})`` of every decomposed layer of ``model``, ``repeats``
-    checked: what :func:`svd_refresh_seconds` and :func:`svd_refresh_totals` time."""
+    checked: what :func:`svd_refresh_seconds` times."""
     from subfl.models.factorized import layer_specs
     from subfl.models.spectral_refresh import solver_function
 
@@ -233,23 +237,6 @@ def svd_refresh_seconds(model: torch.nn.Module, repeats: int = 3, svd_solver: st
                 times.append(time.perf_counter() - start)
             rows.append({"layer": name, "shape": shape, "seconds": statistics.median(times)})
     return pd.DataFrame(rows, columns=["layer", "shape", "seconds"])
-
-
-def svd_refresh_totals(model: torch.nn.Module, repeats: int = 5, svd_solver: str = "exact") -> list[float]:
-    """Wall-clock seconds of one whole refresh (every decomposed layer of ``model``, one after another), once per
-    repeat: ``repeats`` measurements of the same quantity, for a verdict that needs a spread. Measured as
-    :func:`svd_refresh_seconds` (the runs' thread count)."""
-    from .store import book_threads
-
-    factors, layers = _refresh_work(model, repeats, svd_solver)
-    totals = []
-    with book_threads():
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for _, matrix in layers.values():
-                factors(matrix)
-            totals.append(time.perf_counter() - start)
-    return totals
 
 
 def _client_round_bytes(ledger: pd.DataFrame, direction: str) -> pd.Series:

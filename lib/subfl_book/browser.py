@@ -34,6 +34,8 @@ elements of that kind inside the section, so a label survives re-executed figure
                       wider than the column (``math-wide``).  Checked only when the site serves its own MathJax
                       (``_static/mathjax/``, see :mod:`subfl_book.sphinx_mathjax`): a site that loads MathJax from
                       its CDN cannot typeset here, where the internet is refused, and its report says so.
+``cell_cut``          a table cell in the column whose text ends in "..." -- pandas' cut of a long value
+                      (``display.max_colwidth``) or of hidden rows/columns, so the reader never sees the value.
 ``repr``              an object repr in the column outside code cells' sources: ``<matplotlib....>``,
                       ``<Figure size ...>`` or ``<... at 0x...>`` (the address is written ``0x…`` in the label, as
                       it changes every run).
@@ -64,7 +66,7 @@ from urllib.request import url2pathname
 from . import sphinx_mathjax
 
 CATEGORIES = ("figure_overflow", "figure_shrunk", "figure_no_alt", "figure_no_caption", "table_overflow",
-              "code_overflow", "broken_link", "raw_latex", "math", "repr")
+              "code_overflow", "broken_link", "raw_latex", "math", "cell_cut", "repr")
 WIDTH = 1280
 HEIGHT = 900
 SCREENSHOT_HEIGHT = 2000
@@ -205,6 +207,13 @@ _MEASURE_JS = r"""
     const w = widths(box);
     if (wider(w) || scrolls(box)) out.math.push({item: label('math-wide', m), width: w.width, scroll: w.scroll});
   }
+  // Cut cells: table cells whose text pandas cut short ("...").
+  out.cut = [];
+  for (const c of col.querySelectorAll('td, th')) {
+    if (c.closest('.cell_input')) continue;
+    const lab = label('cell', c);
+    if (/\.\.\.$/.test(c.textContent.trim())) out.cut.push({item: lab, text: c.textContent.trim().slice(-60)});
+  }
   // Reprs: anywhere in the column but the code cells' sources.
   for (const o of col.querySelectorAll('.cell_output, .output, p, li, td')) {
     if (o.closest('.cell_input') || (o.parentElement && o.parentElement.closest('.cell_output, .output'))) continue;
@@ -336,6 +345,8 @@ def _judge(page: PageReport, data: dict, failed: list[str], site: Path, ids_of, 
     if check_math:
         for rec in data["math"]:
             page.add("math", rec.pop("item"), **rec)
+    for rec in data["cut"]:
+        page.add("cell_cut", rec.pop("item"), **rec)
     for block in data["reprs"]:
         for m in _REPR.finditer(block["text"]):
             text = re.sub(r"0x[0-9a-fA-F]+", "0x…", m.group(0))
@@ -441,7 +452,7 @@ def baseline(report: dict) -> dict:
 
 SHORT = {"figure_overflow": "fig-wide", "figure_shrunk": "fig-small", "figure_no_alt": "no-alt",
          "figure_no_caption": "no-cap", "table_overflow": "tables", "code_overflow": "code",
-         "broken_link": "links", "raw_latex": "latex", "math": "math", "repr": "reprs"}
+         "broken_link": "links", "raw_latex": "latex", "math": "math", "cell_cut": "cut", "repr": "reprs"}
 
 
 def summary(report: dict) -> str:
@@ -463,8 +474,8 @@ def summary(report: dict) -> str:
                  f"tables overflowing {report['totals']['table_overflow']}, code blocks overflowing "
                  f"{report['totals']['code_overflow']} ({folded} in folded cells), broken links "
                  f"{report['totals']['broken_link']}, raw LaTeX {report['totals']['raw_latex']}, formulas "
-                 f"{report['totals']['math']} ({report['math']}), "
-                 f"reprs {report['totals']['repr']}")
+                 f"{report['totals']['math']} ({report['math']}), table cells cut short "
+                 f"{report['totals']['cell_cut']}, reprs {report['totals']['repr']}")
     lines.append(f"{len(report['pages'])} pages, window {report['window']['width']} px, "
                  f"column {', '.join(report['column'])}, checked in {report['seconds']} s")
     return "\n".join(lines)

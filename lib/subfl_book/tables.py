@@ -5,6 +5,8 @@ Inside an IPython kernel, importing :mod:`subfl_book` registers :func:`frame_htm
 
 * a frame whose index is the default ``0 … n-1`` is shown without it (a named or meaningful index stays);
 * a missing value is shown as "—";
+* a cell is shown whole: pandas' cut of long text at 50 characters (``display.max_colwidth``, ending "...") is off,
+  and the text wraps at its spaces instead;
 * a snake_case column or index name (``best_memory_mb``) is shown as words (``best memory mb``), so that it can wrap;
 * a frame whose estimated narrowest rendering (:func:`estimated_width`) is wider than the content column
   (:data:`COLUMN_PX`) is turned on its side when it has fewer rows than columns and then fits, or else split into
@@ -15,7 +17,9 @@ is shown as its author made it, however wide: pages do not use one (a test check
 """
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
@@ -70,7 +74,8 @@ def _column_texts(series: pd.Series) -> list[str]:
     """The strings pandas shows for ``series``'s values (its own float formatting), "—" for missing ones."""
     if len(series) == 0:
         return []
-    shown = series.reset_index(drop=True).to_string(index=False, header=False, na_rep=MISSING).split("\n")
+    with pd.option_context("display.max_colwidth", None):
+        shown = series.reset_index(drop=True).to_string(index=False, header=False, na_rep=MISSING).split("\n")
     return [s.strip() for s in shown]
 
 
@@ -150,9 +155,10 @@ def fit_to_column(frame: pd.DataFrame, width_px: float = COLUMN_PX) -> list[pd.D
 
 
 def _html(frame: pd.DataFrame) -> str:
-    return frame.to_html(index=not _has_default_index(frame), na_rep=MISSING, notebook=True,
-                         max_rows=pd.get_option("display.max_rows"), max_cols=pd.get_option("display.max_columns"),
-                         show_dimensions=False)
+    with pd.option_context("display.max_colwidth", None):  # whole cells: they wrap at spaces instead
+        return frame.to_html(index=not _has_default_index(frame), na_rep=MISSING, notebook=True,
+                             max_rows=pd.get_option("display.max_rows"), max_cols=pd.get_option("display.max_columns"),
+                             show_dimensions=False)
 
 
 def frame_html(frame: pd.DataFrame) -> str:
@@ -195,6 +201,65 @@ def show(frame: pd.DataFrame, caption: str | None = None, precision: int | None 
     from IPython.display import HTML
 
     return HTML(table_html(frame, caption, precision, formats))
+
+
+def _setting_text(value) -> str:
+    """One setting's value as a reader reads it: ``None`` as "—", floats in their shortest form, sequences and
+    mappings spelled out (``[0.2, 0.5]`` → "0.2, 0.5"; ``{"k": 2}`` → "k = 2")."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return MISSING
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_setting_text(v) for v in value) or MISSING
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k} = {_setting_text(v)}" for k, v in value.items()) or MISSING
+    return str(value)
+
+
+def settings_frames(configs: Mapping[str, object], fields: Sequence[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The settings of several runs, ``{label: config}`` (an ``ExperimentConfig`` or its ``to_dict()``), as a reader
+    compares them: ``(shared, differing)``.
+
+    Each of ``fields`` is one setting; a mapping field (``method_options``, ``dataset_options``) is opened into one
+    setting per key, ``method_options.clip_norm``, and a key a run lacks is "—" for that run. ``shared`` holds the
+    settings every run has alike (columns ``setting``, ``value``); ``differing`` the others, one row per setting (an
+    unnamed index, so that the table reads the same turned on its side) and one column per run label (empty when
+    the runs agree on everything). Values are written by :func:`_setting_text`. Unknown fields raise, naming the
+    fields a config has."""
+    if not configs:
+        raise ValueError("configs is empty; accepted: a mapping {run label: config} with at least one run")
+    rows: dict[str, dict[str, str]] = {}
+    for label, config in configs.items():
+        values = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+        unknown = [f for f in fields if f not in values]
+        if unknown:
+            raise KeyError(f"fields {unknown} are not settings of run {label!r}; its settings: {sorted(values)}")
+        for name in fields:
+            value = values[name]
+            if isinstance(value, Mapping):
+                for key, option in value.items():
+                    rows.setdefault(f"{name}.{key}", {})[label] = _setting_text(option)
+            else:
+                rows.setdefault(name, {})[label] = _setting_text(value)
+    labels = list(configs)
+    table = {name: [given.get(label, MISSING) for label in labels] for name, given in rows.items()}
+    shared = pd.DataFrame([{"setting": n, "value": v[0]} for n, v in table.items() if len(set(v)) == 1],
+                          columns=["setting", "value"])
+    differing = pd.DataFrame({n: v for n, v in table.items() if len(set(v)) > 1}, index=labels).T
+    return shared, differing
+
+
+def show_settings(configs: Mapping[str, object], fields: Sequence[str]):
+    """:func:`settings_frames` as two captioned tables (the shared settings, then where the runs differ) in one
+    ``IPython.display.HTML`` object."""
+    from IPython.display import HTML
+
+    shared, differing = settings_frames(configs, fields)
+    parts = [table_html(shared, caption=f"Settings of every run ({len(configs)} runs)")]
+    if len(differing):
+        parts.append(table_html(differing, caption="Settings that differ between the runs"))
+    return HTML("\n".join(parts))
 
 
 def kernel_shell():

@@ -260,6 +260,20 @@ def test_stage_seconds_averages_rounds_and_divides_by_the_clients(heterofl_run):
         stage_seconds([])
 
 
+def test_stage_seconds_keeps_a_timed_part_as_its_own_column(heterofl_run):
+    """A part a method timed (``aggregate/svd_refresh``) is averaged over its rounds; a run without it shows none."""
+    import dataclasses
+
+    from subfl_book.analysis import stage_seconds
+    parts = pd.DataFrame({"round": [1, 2], "stage": ["aggregate/svd_refresh"] * 2, "seconds": [0.25, 0.75]})
+    timed = dataclasses.replace(heterofl_run)   # a copy whose timings (a cached property) are set by hand
+    timed.timings = pd.concat([heterofl_run.timings, parts], ignore_index=True)
+    table = stage_seconds([timed, heterofl_run], by=("method", "seed"))
+    assert table["aggregate/svd_refresh"].iloc[0] == pytest.approx(0.5)   # the same (method, seed): mean of 0.5
+    assert table["aggregate"].iloc[0] == pytest.approx(heterofl_run.timings.query("stage == 'aggregate'").seconds.mean())
+    assert "aggregate/svd_refresh" not in stage_seconds([heterofl_run])
+
+
 def test_svd_refresh_seconds_lists_every_decomposed_layer():
     from subfl_book.analysis import svd_refresh_seconds
     model = build_model("cnn", num_classes=10, input_shape=(3, 32, 32), width=0.25)
@@ -279,7 +293,7 @@ def test_svd_refresh_seconds_measures_with_the_runs_thread_count(monkeypatch):
     import torch
 
     import subfl.models.spectral_refresh as refresh
-    from subfl_book.analysis import svd_refresh_seconds, svd_refresh_totals
+    from subfl_book.analysis import svd_refresh_seconds
     from subfl_book.store import BOOK_THREADS
     seen = []
     monkeypatch.setattr(refresh, "solver_function", lambda name: lambda m: seen.append(torch.get_num_threads()))
@@ -289,11 +303,6 @@ def test_svd_refresh_seconds_measures_with_the_runs_thread_count(monkeypatch):
         svd_refresh_seconds(build_model("cnn", num_classes=10, input_shape=(3, 32, 32), width=0.25), repeats=2)
         assert seen == [BOOK_THREADS] * 4 == [1] * 4  # 2 layers x 2 repeats, as the runs' stages were timed
         assert torch.get_num_threads() == 2  # the caller's count is restored
-        seen.clear()
-        totals = svd_refresh_totals(build_model("cnn", num_classes=10, input_shape=(3, 32, 32), width=0.25), repeats=3)
-        assert len(totals) == 3 and all(t >= 0 for t in totals) and seen == [1] * 6  # every layer, every repeat
-        with pytest.raises(ValueError, match="repeats"):
-            svd_refresh_totals(build_model("cnn", num_classes=10, input_shape=(3, 32, 32), width=0.25), repeats=0)
     finally:
         torch.set_num_threads(before)
 

@@ -80,6 +80,7 @@ def test_checker_finds_each_kind_of_violation(tmp_path):
         <p>Raw $x^2$ and \\frac{{1}}{{2}} and sum_{{k>t}}, <a href="nowhere.html">dead</a>,
            <a href="other.html#nothere">no anchor</a>.</p>
         <div class="cell_output"><pre>&lt;matplotlib.lines.Line2D at 0x7f00deadbeef&gt;</pre></div>
+        <table><tr><td>whole</td><td>{{'clip_norm': 1.0, 'delta': 1e-05, 'ldp_mechan...</td></tr></table>
       </section>"""))
     report = browser.check_site(tmp_path, pages=[tmp_path / "index.html"])
     got = report["pages"]["index.html"]["violations"]
@@ -93,6 +94,7 @@ def test_checker_finds_each_kind_of_violation(tmp_path):
     latex = got.get("raw_latex", [])
     assert [x.split(" in ")[0] for x in latex] == ["$x^2$", "\\frac", "_{k>t}"] and all("#bad" in x for x in latex)
     assert got.get("repr") == ["<matplotlib.lines.Line2D at 0x…> in #bad"]
+    assert got.get("cell_cut") == ["cell 3 in #bad"]   # cells count across the section's tables
     assert "figure_shrunk" not in got
 
 

@@ -29,6 +29,19 @@ def test_notebook_is_papermill_ready_and_thin(source):
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.relative_to(ROOT / "notebooks").as_posix())
+def test_a_page_with_a_scorecard_opens_with_it(source):
+    """The scorecard's placeholder is the first code cell after the parameters: nothing a page computes or shows
+    comes between its run card and its scorecard."""
+    cells = json.loads(source.read_text())["cells"]
+    code = [c for c in cells if c["cell_type"] == "code"]
+    cards = [i for i, c in enumerate(code) if ".placeholder()" in "".join(c["source"])]
+    if not cards:
+        return  # a page that judges no claim of the register (the FedAvg reference)
+    params = next(i for i, c in enumerate(code) if "parameters" in c.get("metadata", {}).get("tags", []))
+    assert cards == [params + 1], f"code cell {cards} holds the placeholder; it belongs right after the parameters"
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.relative_to(ROOT / "notebooks").as_posix())
 def test_every_notebook_has_an_executed_copy_in_the_toc(source):
     executed = book.executed_path(source, ROOT)
     assert executed.exists(), f"run `subfl-book` to execute {source.name}"

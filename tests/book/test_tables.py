@@ -90,3 +90,39 @@ def test_formats_write_named_columns_and_refuse_unknown_ones():
     with pytest.raises(KeyError, match="macs"):
         formatted(frame, {"macs": "{:,}"})
     assert "11,173,962" in table_html(frame, formats={"params": "{:,.0f}"})
+
+
+def test_a_long_cell_is_shown_whole_not_cut_at_fifty_characters():
+    text = "R1 0.125 S_full per block, R2 0.25 T_full, input layer and head dense (" + "x " * 40 + ")"
+    html = frame_html(pd.DataFrame({"what": [text], "n": [1]}))
+    assert text.strip() in html and "...</td>" not in html
+    assert len(text) > 100  # twice pandas' cut
+
+
+def test_settings_split_into_shared_and_differing_with_options_opened():
+    from subfl_book.tables import settings_frames
+
+    configs = {"σ = 0.6": {"method": "opu2", "lr": 0.02, "alpha": None, "keeps": [0.2, 0.5],
+                           "method_options": {"clip_norm": 1.0, "noise_multiplier": 0.6}},
+               "non-private": {"method": "opu2", "lr": 0.02, "alpha": None, "keeps": [0.2, 0.5],
+                               "method_options": {}}}
+    shared, differing = settings_frames(configs, ["method", "lr", "alpha", "keeps", "method_options"])
+    assert shared.to_dict("records") == [{"setting": "method", "value": "opu2"}, {"setting": "lr", "value": "0.02"},
+                                         {"setting": "alpha", "value": MISSING},
+                                         {"setting": "keeps", "value": "0.2, 0.5"}]
+    assert differing.to_dict("index") == {"method_options.clip_norm": {"σ = 0.6": "1", "non-private": MISSING},
+                                          "method_options.noise_multiplier": {"σ = 0.6": "0.6",
+                                                                              "non-private": MISSING}}
+    same, none = settings_frames({"a": configs["non-private"], "b": configs["non-private"]}, ["method"])
+    assert len(same) == 1 and none.empty
+
+
+def test_settings_refuse_unknown_fields_and_no_runs():
+    import pytest
+
+    from subfl_book.tables import settings_frames
+
+    with pytest.raises(KeyError, match=r"\['lr'\] are not settings of run 'a'"):
+        settings_frames({"a": {"method": "x"}}, ["method", "lr"])
+    with pytest.raises(ValueError, match="configs is empty"):
+        settings_frames({}, ["method"])

@@ -171,12 +171,14 @@ def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Se
         last = diverged_at  # a diverged run is finished: nothing to resume
     bar = tqdm(range(start_round + 1, last + 1), desc=description or method.name, unit="round",
                disable=not progress_enabled(progress), leave=False, initial=start_round, total=settings.rounds)
+    ctx.part_seconds.clear()  # a part timed before the first round (in init) belongs to no stage
     for rnd in bar:
         profiles = heterogeneity.profiles(num_clients, settings.seed, rnd)
         selected = select_clients(num_clients, settings.clients_per_round, settings.seed, rnd)
         t0 = time.perf_counter()
         tasks = method.configure(state, rnd, [profiles[c] for c in selected], ctx)
         timings.append((rnd, "configure", time.perf_counter() - t0))
+        timings.extend(_stage_parts(ctx, rnd, "configure"))
         updates, t_local = [], 0.0
         for cid in selected:
             task = tasks.get(int(cid))
@@ -206,6 +208,7 @@ def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Se
             t0 = time.perf_counter()
             state = method.aggregate(state, rnd, updates, ctx)
             timings.append((rnd, "aggregate", time.perf_counter() - t0))
+            timings.extend(_stage_parts(ctx, rnd, "aggregate"))
             for (metric, group), value in method.round_metrics(state, rnd).items():
                 history.add(rnd, metric, value, group)
         if (rnd % settings.eval_every == 0 or rnd == settings.rounds) and not diverged:
@@ -282,6 +285,14 @@ def _local_evaluation(method: Method, state: ServerState, ctx: ServerContext, mo
             sums[key] = sums.get(key, 0.0) + value
         count += 1
     return {key: total / count for key, total in sums.items()} if count else {}
+
+
+def _stage_parts(ctx: ServerContext, rnd: int, stage: str) -> list[tuple[int, str, float]]:
+    """The parts of ``stage`` the method timed with :meth:`ServerContext.timed`, as timing rows ``"<stage>/<part>"``;
+    the context's clock is emptied for the next stage."""
+    rows = [(rnd, f"{stage}/{part}", seconds) for part, seconds in ctx.part_seconds.items()]
+    ctx.part_seconds.clear()
+    return rows
 
 
 def write_timings(timings: Sequence[tuple[int, str, float]], path: str | Path) -> None:

@@ -8,8 +8,10 @@ history, checkpoints and progress bars. This mirrors Flower's ``Strategy`` confi
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -46,6 +48,21 @@ class ServerContext:
     pretrained: Any = None
     """Pretrained weights for methods that finetune (a ``{layers: state_dict}`` mapping, a pretraining scale or
     ``"none"``), when not given as the method's option ``pretrained``."""
+
+    part_seconds: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
+    """Seconds the server stage now running spent in the parts a method named with :meth:`timed`; the engine moves
+    them into the run's timings after each stage (as ``"<stage>/<part>"``). Timings only: never read them."""
+
+    @contextmanager
+    def timed(self, part: str) -> Iterator[None]:
+        """Time a named part of the server stage now running (``configure`` or ``aggregate``) on the engine's clock,
+        e.g. the spectral methods' SVD refresh inside ``aggregate``. What it measures goes to the run's timings,
+        never to its history or state, so it changes no result."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.part_seconds[part] = self.part_seconds.get(part, 0.0) + time.perf_counter() - start
 
     def rng(self, *keys: int | str) -> np.random.Generator:
         """A numpy generator for a server-side draw, derived from (seed, *keys)."""

@@ -584,8 +584,9 @@ class SpectralSharding(Method):
                     f"step ~omega_i^2 x lr): lower lr, or use a '+cliplr' strategy / a smaller option tau")
             coverage[name] = [int(c) for c in count]
         weights = {k: (new_decomposed[k] if k in new_decomposed else averaged[k]) for k in weights_in}
-        new_state = {**state, "weights": weights,
-                     "factors": _factors_dict(self.refresh(weights, specs))}
+        with ctx.timed("svd_refresh"):  # the engine records it as the aggregate stage's part "svd_refresh"
+            factors = self.refresh(weights, specs)
+        new_state = {**state, "weights": weights, "factors": _factors_dict(factors)}
         if self.config["diagnostics"]:
             new_state["diagnostics"] = [*state.get("diagnostics", []),
                                         self.round_diagnostics(state, round, updates, coverage)]
