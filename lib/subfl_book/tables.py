@@ -4,6 +4,7 @@ Inside an IPython kernel, importing :mod:`subfl_book` registers :func:`frame_htm
 ``pandas.DataFrame`` (:func:`install`):
 
 * a frame whose index is the default ``0 … n-1`` is shown without it (a named or meaningful index stays);
+* a named row index's name is shown in the header's corner, not on a header row of its own;
 * a missing value is shown as "—";
 * a cell is shown whole: pandas' cut of long text at 50 characters (``display.max_colwidth``, ending "...") is off,
   and the text wraps at its spaces instead;
@@ -154,7 +155,17 @@ def fit_to_column(frame: pd.DataFrame, width_px: float = COLUMN_PX) -> list[pd.D
     return [frame.iloc[:, ([0] if keyed else []) + part] for part in parts if part]
 
 
+def _name_in_corner(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with a single named row index's name moved to the header's corner cell, so that the table has one
+    header row instead of a second one that holds only that name."""
+    if frame.index.nlevels == 1 and frame.index.name is not None and frame.columns.nlevels == 1 \
+            and frame.columns.name is None:
+        return frame.rename_axis(index=None, columns=frame.index.name)
+    return frame
+
+
 def _html(frame: pd.DataFrame) -> str:
+    frame = _name_in_corner(frame)
     with pd.option_context("display.max_colwidth", None):  # whole cells: they wrap at spaces instead
         return frame.to_html(index=not _has_default_index(frame), na_rep=MISSING, notebook=True,
                              max_rows=pd.get_option("display.max_rows"), max_cols=pd.get_option("display.max_columns"),

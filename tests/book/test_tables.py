@@ -21,6 +21,17 @@ def test_a_meaningful_index_stays():
     assert "<th>3</th>" in frame_html(shifted)
 
 
+def test_a_named_index_puts_its_name_in_the_corner_of_a_single_header_row():
+    frame = pd.DataFrame({"accuracy": [0.5, 0.6], "sd": [0.01, 0.02]}, index=pd.Index(["fedavg", "prism"], name="row"))
+    html = frame_html(frame)
+    header = html[html.index("<thead>"):html.index("</thead>")]
+    assert header.count("<tr") == 1
+    assert [c.strip() for c in header.split("<th>")[1:]] == ["row</th>", "accuracy</th>", "sd</th>\n    </tr>"]
+    assert html.count("<th>fedavg</th>") == 1 and frame.index.name == "row"  # the caller's frame is untouched
+    two_levels = frame.set_index("sd", append=True)  # a MultiIndex keeps pandas' own header layout
+    assert frame_html(two_levels).count("<tr", 0, frame_html(two_levels).index("</thead>")) == 2
+
+
 def test_install_outside_a_kernel_changes_nothing():
     assert install() is False
 
