@@ -5,7 +5,9 @@ Inside an IPython kernel, importing :mod:`subfl_book` registers :func:`frame_htm
 
 * a frame whose index is the default ``0 … n-1`` is shown without it (a named or meaningful index stays);
 * a named row index's name is shown in the header's corner, not on a header row of its own;
-* a missing value is shown as "—";
+* a missing value is shown as "—", and so is ``None``;
+* a list, tuple or set in a cell is shown as its items separated by commas, a mapping as ``key: value`` pairs
+  (no Python reprs such as ``[0, 1]`` or ``{'atoms': 10}``);
 * a cell is shown whole: pandas' cut of long text at 50 characters (``display.max_colwidth``, ending "...") is off,
   and the text wraps at its spaces instead;
 * a snake_case column or index name (``best_memory_mb``) is shown as words (``best memory mb``), so that it can wrap;
@@ -51,8 +53,25 @@ def readable_label(label):
     return label.replace("_", " ") if isinstance(label, str) and _SNAKE.fullmatch(label) else label
 
 
+def readable_value(value):
+    """A table cell's value as a reader reads it: ``None`` as "—"; a list, tuple or set as its items separated by
+    commas (a set sorted); a mapping as ``key: value`` pairs; an empty collection as "—"; anything else as it is."""
+    if value is None:
+        return MISSING
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}: {readable_value(v)}" for k, v in value.items()) or MISSING
+    if isinstance(value, (set, frozenset)):
+        value = sorted(value, key=str)
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(readable_value(v)) for v in value) or MISSING
+    return value
+
+
 def _readable(frame: pd.DataFrame) -> pd.DataFrame:
     out = frame.copy()
+    for i in range(out.shape[1]):
+        if out.iloc[:, i].dtype == object:
+            out.iloc[:, i] = out.iloc[:, i].map(readable_value)
     out.columns = out.columns.map(readable_label) if out.columns.nlevels == 1 else \
         pd.MultiIndex.from_tuples([readable_label(c) for c in out.columns], names=out.columns.names)
     out.columns.names = [readable_label(n) for n in frame.columns.names]

@@ -33,6 +33,14 @@ def test_a_named_index_puts_its_name_in_the_corner_of_a_single_header_row():
     assert frame_html(two_levels).count("<tr", 0, frame_html(two_levels).index("</thead>")) == 2
 
 
+def test_collections_and_none_in_cells_are_shown_as_text_not_python_reprs():
+    frame = pd.DataFrame({"options": [None, [0, 1, 2], {"atoms": 10}, {3, 1, 2}, {}],
+                          "rounds": [40, 40, 20, 20, 10]})
+    cells = re.findall(r"<td>(.*?)</td>", frame_html(frame))
+    assert cells == [MISSING, "40", "0, 1, 2", "40", "atoms: 10", "20", "1, 2, 3", "20", MISSING, "10"]
+    assert frame.loc[1, "options"] == [0, 1, 2]  # the caller's frame is untouched
+
+
 def test_install_outside_a_kernel_changes_nothing():
     assert install() is False
 
