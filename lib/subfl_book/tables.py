@@ -55,7 +55,8 @@ def readable_label(label):
 
 def readable_value(value):
     """A table cell's value as a reader reads it: ``None`` as "—"; a list, tuple or set as its items separated by
-    commas (a set sorted); a mapping as ``key: value`` pairs; an empty collection as "—"; anything else as it is."""
+    commas (a set sorted); a mapping, or a tuple of ``(name, value)`` pairs (a config's frozen options), as
+    ``key: value`` pairs; an empty collection as "—"; anything else as it is."""
     if value is None:
         return MISSING
     if isinstance(value, Mapping):
@@ -63,8 +64,16 @@ def readable_value(value):
     if isinstance(value, (set, frozenset)):
         value = sorted(value, key=str)
     if isinstance(value, (list, tuple)):
-        return ", ".join(str(readable_value(v)) for v in value) or MISSING
+        if value and all(isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str) for v in value):
+            return readable_value(dict(value))  # a mapping frozen as its items (a config's options)
+        return ", ".join(_item_text(v) for v in value) or MISSING
     return value
+
+
+def _item_text(item) -> str:
+    """An item of a collection cell: a nested collection in parentheses, so that its items stay together."""
+    nested = isinstance(item, (list, tuple, set, frozenset)) and len(item) > 0
+    return f"({readable_value(item)})" if nested else str(readable_value(item))
 
 
 def _readable(frame: pd.DataFrame) -> pd.DataFrame:
