@@ -6,8 +6,8 @@ Inside an IPython kernel, importing :mod:`subfl_book` registers :func:`frame_htm
 * a frame whose index is the default ``0 … n-1`` is shown without it (a named or meaningful index stays);
 * a named row index's name is shown in the header's corner, not on a header row of its own;
 * a missing value is shown as "—", and so is ``None``;
-* a list, tuple or set in a cell is shown as its items separated by commas, a mapping as ``key: value`` pairs
-  (no Python reprs such as ``[0, 1]`` or ``{'atoms': 10}``);
+* a list, tuple or set in a cell is shown as its items separated by commas, a mapping as ``name = value`` pairs
+  (no Python reprs such as ``[0, 1]`` or ``{'atoms': 10}``; :func:`readable_value`);
 * a cell is shown whole: pandas' cut of long text at 50 characters (``display.max_colwidth``, ending "...") is off,
   and the text wraps at its spaces instead;
 * a snake_case column or index name (``best_memory_mb``) is shown as words (``best memory mb``), so that it can wrap;
@@ -53,27 +53,29 @@ def readable_label(label):
     return label.replace("_", " ") if isinstance(label, str) and _SNAKE.fullmatch(label) else label
 
 
-def readable_value(value):
+def readable_value(value, scalar=lambda v: v):
     """A table cell's value as a reader reads it: ``None`` as "—"; a list, tuple or set as its items separated by
-    commas (a set sorted); a mapping, or a tuple of ``(name, value)`` pairs (a config's frozen options), as
-    ``key: value`` pairs; an empty collection as "—"; anything else as it is."""
+    commas (a set sorted, a nested collection in parentheses); a mapping, or a tuple of ``(name, value)`` pairs (a
+    config's frozen options), as ``name = value`` pairs; an empty collection as "—"; anything else as
+    ``scalar(value)`` (unchanged by default, so that numbers keep pandas' formatting)."""
     if value is None:
         return MISSING
+    if isinstance(value, (list, tuple)) and value and all(
+            isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str) for v in value):
+        value = dict(value)
     if isinstance(value, Mapping):
-        return ", ".join(f"{k}: {readable_value(v)}" for k, v in value.items()) or MISSING
+        return ", ".join(f"{k} = {_item_text(v, scalar)}" for k, v in value.items()) or MISSING
     if isinstance(value, (set, frozenset)):
         value = sorted(value, key=str)
     if isinstance(value, (list, tuple)):
-        if value and all(isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str) for v in value):
-            return readable_value(dict(value))  # a mapping frozen as its items (a config's options)
-        return ", ".join(_item_text(v) for v in value) or MISSING
-    return value
+        return ", ".join(_item_text(v, scalar) for v in value) or MISSING
+    return scalar(value)
 
 
-def _item_text(item) -> str:
+def _item_text(item, scalar) -> str:
     """An item of a collection cell: a nested collection in parentheses, so that its items stay together."""
     nested = isinstance(item, (list, tuple, set, frozenset)) and len(item) > 0
-    return f"({readable_value(item)})" if nested else str(readable_value(item))
+    return f"({readable_value(item, scalar)})" if nested else str(readable_value(item, scalar))
 
 
 def _readable(frame: pd.DataFrame) -> pd.DataFrame:
@@ -242,18 +244,17 @@ def show(frame: pd.DataFrame, caption: str | None = None, precision: int | None 
     return HTML(table_html(frame, caption, precision, formats))
 
 
-def _setting_text(value) -> str:
-    """One setting's value as a reader reads it: ``None`` as "—", floats in their shortest form, sequences and
-    mappings spelled out (``[0.2, 0.5]`` → "0.2, 0.5"; ``{"k": 2}`` → "k = 2")."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return MISSING
+def _shortest(value):
+    """A float in its shortest form (``0.0003``, ``1e-05``), ``NaN`` as "—"; anything else unchanged."""
     if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, (list, tuple)):
-        return ", ".join(_setting_text(v) for v in value) or MISSING
-    if isinstance(value, Mapping):
-        return ", ".join(f"{k} = {_setting_text(v)}" for k, v in value.items()) or MISSING
-    return str(value)
+        return MISSING if math.isnan(value) else f"{value:g}"
+    return value
+
+
+def _setting_text(value) -> str:
+    """One setting's value as a reader reads it: :func:`readable_value` with floats in their shortest form
+    (``[0.2, 0.5]`` → "0.2, 0.5"; ``{"k": 2}`` → "k = 2")."""
+    return str(readable_value(value, _shortest))
 
 
 def settings_frames(configs: Mapping[str, object], fields: Sequence[str]) -> tuple[pd.DataFrame, pd.DataFrame]:

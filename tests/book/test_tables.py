@@ -37,10 +37,10 @@ def test_collections_and_none_in_cells_are_shown_as_text_not_python_reprs():
     frame = pd.DataFrame({"options": [None, [0, 1, 2], {"atoms": 10}, {3, 1, 2}, {}],
                           "rounds": [40, 40, 20, 20, 10]})
     cells = re.findall(r"<td>(.*?)</td>", frame_html(frame))
-    assert cells == [MISSING, "40", "0, 1, 2", "40", "atoms: 10", "20", "1, 2, 3", "20", MISSING, "10"]
+    assert cells == [MISSING, "40", "0, 1, 2", "40", "atoms = 10", "20", "1, 2, 3", "20", MISSING, "10"]
     assert frame.loc[1, "options"] == [0, 1, 2]  # the caller's frame is untouched
     frozen = pd.DataFrame({"method_options": [(("global_keep", 0.5), ("layers", 2)), ((1, 2), (3, 4))]})
-    assert re.findall(r"<td>(.*?)</td>", frame_html(frozen)) == ["global_keep: 0.5, layers: 2", "(1, 2), (3, 4)"]
+    assert re.findall(r"<td>(.*?)</td>", frame_html(frozen)) == ["global_keep = 0.5, layers = 2", "(1, 2), (3, 4)"]
 
 
 def test_install_outside_a_kernel_changes_nothing():
