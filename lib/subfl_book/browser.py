@@ -38,7 +38,9 @@ elements of that kind inside the section, so a label survives re-executed figure
                       (``display.max_colwidth``) or of hidden rows/columns, so the reader never sees the value.
 ``repr``              an object repr in the column outside code cells' sources: ``<matplotlib....>``,
                       ``<Figure size ...>`` or ``<... at 0x...>`` (the address is written ``0x…`` in the label, as
-                      it changes every run).
+                      it changes every run); or a table cell whose whole text is a Python value's repr: ``None``,
+                      ``nan``, a list ``[...]``, an empty dict or one with string keys ``{'...': ...}``, or a tuple
+                      of tuples ``((...))`` (a set written ``{1, 2}`` is read as notation and passes).
 
 Command line::
 
@@ -209,10 +211,15 @@ _MEASURE_JS = r"""
   }
   // Cut cells: table cells whose text pandas cut short ("...").
   out.cut = [];
+  out.values = [];
   for (const c of col.querySelectorAll('td, th')) {
     if (c.closest('.cell_input')) continue;
     const lab = label('cell', c);
     if (/\.\.\.$/.test(c.textContent.trim())) out.cut.push({item: lab, text: c.textContent.trim().slice(-60)});
+    if (c.tagName === 'TD' && /^(None|nan|NaN|\{\}|\[.*\]|\{['"].*\}|\(\(.*\)\))$/s.test(c.textContent.trim())) {
+      const sec = c.closest('section[id]');
+      out.values.push({section: sec ? sec.id : 'top', text: c.textContent.trim()});
+    }
   }
   // Reprs: anywhere in the column but the code cells' sources.
   for (const o of col.querySelectorAll('.cell_output, .output, p, li, td')) {
@@ -351,6 +358,8 @@ def _judge(page: PageReport, data: dict, failed: list[str], site: Path, ids_of, 
         for m in _REPR.finditer(block["text"]):
             text = re.sub(r"0x[0-9a-fA-F]+", "0x…", m.group(0))
             page.add("repr", f"{text[:100]} in #{block['section']}")
+    for cell in data["values"]:
+        page.add("repr", f"cell {cell['text'][:60]} in #{cell['section']}")
 
 
 def check_site(site: Path | str = "_build/html", screenshots: Path | str | None = None,

@@ -70,6 +70,7 @@ def test_checker_finds_each_kind_of_violation(tmp_path):
            <a href="other.html#there">good link</a>, <a href="#good">here</a>,
            <a href="https://example.org">web</a>.</p>
         <pre>short</pre>
+        <table><tr><td>{{1, 2, 3}}</td><td>—</td><td>k = 2</td></tr></table>
       </section>
       <section id="bad">
         <div class="cell"><div class="cell_output"><img src="dot.png" alt="dot.png" style="width:900px"></div></div>
@@ -81,6 +82,7 @@ def test_checker_finds_each_kind_of_violation(tmp_path):
            <a href="other.html#nothere">no anchor</a>.</p>
         <div class="cell_output"><pre>&lt;matplotlib.lines.Line2D at 0x7f00deadbeef&gt;</pre></div>
         <table><tr><td>whole</td><td>{{'clip_norm': 1.0, 'delta': 1e-05, 'ldp_mechan...</td></tr></table>
+        <table><tr><td>[0, 1]</td><td>None</td><td>0, 1</td></tr></table>
       </section>"""))
     report = browser.check_site(tmp_path, pages=[tmp_path / "index.html"])
     got = report["pages"]["index.html"]["violations"]
@@ -93,7 +95,7 @@ def test_checker_finds_each_kind_of_violation(tmp_path):
                                                   "link nowhere.html", "resource missing.png"]
     latex = got.get("raw_latex", [])
     assert [x.split(" in ")[0] for x in latex] == ["$x^2$", "\\frac", "_{k>t}"] and all("#bad" in x for x in latex)
-    assert got.get("repr") == ["<matplotlib.lines.Line2D at 0x…> in #bad"]
+    assert got.get("repr") == ["<matplotlib.lines.Line2D at 0x…> in #bad", "cell [0, 1] in #bad", "cell None in #bad"]
     assert got.get("cell_cut") == ["cell 3 in #bad"]   # cells count across the section's tables
     assert "figure_shrunk" not in got
 
