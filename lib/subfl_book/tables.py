@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import pandas as pd
 
@@ -53,7 +53,7 @@ def readable_label(label):
     return label.replace("_", " ") if isinstance(label, str) and _SNAKE.fullmatch(label) else label
 
 
-def readable_value(value, scalar=lambda v: v):
+def readable_value(value: object, scalar: Callable[[object], object] = lambda v: v) -> object:
     """A table cell's value as a reader reads it: ``None`` as "—"; a list, tuple or set as its items separated by
     commas (a set sorted, a nested collection in parentheses); a mapping, or a tuple of ``(name, value)`` pairs (a
     config's frozen options), as ``name = value`` pairs; an empty collection as "—"; anything else as
@@ -72,7 +72,7 @@ def readable_value(value, scalar=lambda v: v):
     return scalar(value)
 
 
-def _item_text(item, scalar) -> str:
+def _item_text(item: object, scalar: Callable[[object], object]) -> str:
     """An item of a collection cell: a nested collection in parentheses, so that its items stay together."""
     nested = isinstance(item, (list, tuple, set, frozenset)) and len(item) > 0
     return f"({readable_value(item, scalar)})" if nested else str(readable_value(item, scalar))
