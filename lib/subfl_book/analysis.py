@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import pandas as pd
 import torch
@@ -237,6 +238,39 @@ def svd_refresh_seconds(model: torch.nn.Module, repeats: int = 3, svd_solver: st
                 times.append(time.perf_counter() - start)
             rows.append({"layer": name, "shape": shape, "seconds": statistics.median(times)})
     return pd.DataFrame(rows, columns=["layer", "shape", "seconds"])
+
+
+def svd_refresh_by_solver(model: torch.nn.Module, solvers: Sequence[str] = ("exact", "gram"), repeats: int = 3
+                          ) -> pd.DataFrame:
+    """:func:`svd_refresh_seconds` of ``model`` under each of ``solvers``, side by side: one row per decomposed layer
+    (``layer``, ``shape``) and a column ``seconds_<solver>`` per solver."""
+    if not solvers:
+        raise ValueError("solvers must name at least one solver")
+    table = None
+    for solver in solvers:
+        part = svd_refresh_seconds(model, repeats, solver).rename(columns={"seconds": f"seconds_{solver}"})
+        table = part if table is None else table.merge(part, on=["layer", "shape"])
+    return table
+
+
+REFRESH_PART = "aggregate/svd_refresh"
+"""The part of the aggregate stage the spectral methods time for their refresh; ``<it>/<layer>`` per layer."""
+
+
+def refresh_layer_seconds(stages: pd.DataFrame, row: Any) -> pd.DataFrame:
+    """Where one row of :func:`stage_seconds` spent its SVD refresh: per decomposed layer (the parts
+    ``aggregate/svd_refresh/<layer>`` the runs timed), seconds per round and the share of the whole refresh.
+    ``row``: the row's label in ``stages``' index (e.g. a method)."""
+    prefix = f"{REFRESH_PART}/"
+    columns = [c for c in stages.columns if isinstance(c, str) and c.startswith(prefix)]
+    if REFRESH_PART not in stages or not columns:
+        raise ValueError(f"stages has no {REFRESH_PART!r} parts per layer (runs recorded before the spectral methods "
+                         f"timed each layer's refresh, or a method without one)")
+    values = stages.loc[row, columns].astype(float)
+    if values.isna().all():
+        raise ValueError(f"row {row!r} has no {REFRESH_PART!r} parts (its method refreshes nothing)")
+    return pd.DataFrame({"layer": [c[len(prefix):] for c in columns], "seconds per round": values.to_numpy(),
+                         "share of the refresh": values.to_numpy() / float(stages.loc[row, REFRESH_PART])})
 
 
 def _client_round_bytes(ledger: pd.DataFrame, direction: str) -> pd.Series:
@@ -634,5 +668,6 @@ def bn_recalibrated_accuracy(result: RunResult, data_root: str | None = None, *,
 
 __all__ = ["IMAGE_SHAPES", "best_within_cost", "group_members", "bn_recalibrated_accuracy", "recalibrate_batchnorm", "client_levels", "client_round_bytes", "bar_status", "finetuning_costs",
            "final_confusions", "final_models", "finetuning_setting", "finetuning_table", "group_class_probabilities", "mean_std_labels", "ordering_check", "payload_by_level",
-           "pretrained_zero_shot", "stage_seconds", "svd_refresh_seconds", "upload_savings", "with_server_shares",
+           "pretrained_zero_shot", "refresh_layer_seconds", "stage_seconds", "svd_refresh_by_solver",
+           "svd_refresh_seconds", "upload_savings", "with_server_shares",
            "weak_device_f1_table", "width_costs", "width_table"]

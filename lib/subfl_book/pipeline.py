@@ -33,6 +33,7 @@ import subfl
 from subfl.experiments.config import ExperimentConfig
 from subfl.experiments.presets import SCALES
 
+from .measured import MEASURED_LOG_ENV, measurement_changed
 from .recorded import RECORDED_LOG_ENV, RESULTS_DIR
 from .scorecard import PAGE_NAME_ENV, SCORECARD_LOG_ENV, read_rows
 from .store import (BOOK_THREADS, RUNS_LOG_ENV, book_key, checkout_root, key_to_read, record_path, recorded_enough,
@@ -222,6 +223,12 @@ def _staleness(source: Path, executed: dict[str, Any], scale: str) -> str | None
     changed = [r for r in runs if _current_key(r) != r["key"]]
     if changed:
         return f"{len(changed)} of its {len(runs)} runs changed key (a version they use moved, or a run of this environment was recorded)"
+    files = [r for r in meta.get("recorded") or [] if _recorded_changed(r)]
+    if files:
+        return f"recorded file {files[0]['file']} changed or is gone"
+    timings = [r for r in meta.get("measured") or [] if measurement_changed(r, scale)]
+    if timings:
+        return f"measurement {timings[0]['file']} changed or is gone"
     missing = [r for r in runs if not record_path(r["key"]).exists()]
     if missing:
         return f"{len(missing)} of its {len(runs)} runs are not in the store"
@@ -231,6 +238,12 @@ def _staleness(source: Path, executed: dict[str, Any], scale: str) -> str | None
         return (f"{len(lacking)} of its {len(runs)} runs lack a current value of an analysis it reads "
                 f"(subfl_book.final_analyses: recorded under another version, or never)")
     return None
+
+
+def _recorded_changed(entry: dict[str, Any]) -> bool:
+    """Whether a recorded file a page read (an entry of its log) is gone from ``results/`` or changed since."""
+    path = checkout_root() / RESULTS_DIR / entry["file"]
+    return not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != entry["sha256"]
 
 
 def _recorded_read(log: Path) -> list[dict[str, Any]]:
@@ -309,11 +322,12 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
     partial = dst.with_name(f".{dst.stem}.partial.ipynb")
     with tempfile.TemporaryDirectory() as tmp:
         log, card_log = Path(tmp) / "runs.jsonl", Path(tmp) / "scorecard.jsonl"
-        recorded_log = Path(tmp) / "recorded.jsonl"
+        recorded_log, measured_log = Path(tmp) / "recorded.jsonl", Path(tmp) / "measured.jsonl"
         page = page_name(source)
-        # the kernel inherits these: the runs and recorded files the page reads, the scorecard rows it judges, its name
+        # the kernel inherits these: the runs, recorded files and measurements the page reads, the scorecard rows it
+        # judges, its name
         overrides = {RUNS_LOG_ENV: str(log), SCORECARD_LOG_ENV: str(card_log), PAGE_NAME_ENV: page,
-                     RECORDED_LOG_ENV: str(recorded_log)}
+                     RECORDED_LOG_ENV: str(recorded_log), MEASURED_LOG_ENV: str(measured_log)}
         before = {k: os.environ.get(k) for k in overrides}
         os.environ.update(overrides)
         try:
@@ -328,7 +342,7 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
                 else:
                     os.environ[k] = v
         runs = _runs_read(log)
-        recorded = _recorded_read(recorded_log)
+        recorded, measurements = _recorded_read(recorded_log), _recorded_read(measured_log)
         scorecard = [asdict(r) for r in read_rows(card_log.read_text(encoding="utf-8").splitlines())] \
             if card_log.exists() else []
     nb = nbformat.read(partial, as_version=4)
@@ -341,6 +355,7 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
         "notebook_fingerprint": page_fingerprint(source, parameters),
         "runs": runs,
         "recorded": recorded,
+        "measured": measurements,
         "scorecard": scorecard,
         "machine": machine(),
         "wall_time_s": round(wall, 1),
@@ -399,7 +414,11 @@ def run_card(meta: dict[str, Any]) -> str:
     if recorded:
         files = "; ".join(_recorded_label(r) for r in recorded)
         lines.append(f"**recorded files read** {len(recorded)} from `{RESULTS_DIR}/`: {files}")
-    if not runs and not recorded:
+    measurements = meta.get("measured") or []
+    if measurements:
+        lines.append(f"**timings read** {len(measurements)} measured once and recorded in the run store: "
+                     + "; ".join(_recorded_label(r) for r in measurements))
+    if not runs and not recorded and not measurements:
         lines.append("**runs read** none (this page computes what it shows)")
     lines.append(f"**page executed** on {m.get('processor', '?')}, {m.get('cpus', '?')} CPUs, torch "
                  f"{m.get('torch', '?')}, in {meta.get('wall_time_s', 0):.0f} s, {meta.get('executed_at', '?')}, "

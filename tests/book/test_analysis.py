@@ -380,3 +380,28 @@ def test_bn_recalibrated_accuracy_starts_from_the_engines_final_accuracy(tmp_pat
     plain = run_experiment(make_config("fedavg", "digits", scale="ci"), tmp_path / "plain", cache=False)
     with pytest.raises(ValueError, match="no BatchNorm"):
         bn_recalibrated_accuracy(plain)
+
+
+def test_svd_refresh_by_solver_puts_each_solver_in_its_own_column():
+    from subfl_book.analysis import svd_refresh_by_solver
+    model = build_model("cnn", num_classes=10, input_shape=(3, 32, 32), width=0.25)
+    table = svd_refresh_by_solver(model, ("exact", "gram"), repeats=1)
+    assert list(table.columns) == ["layer", "shape", "seconds_exact", "seconds_gram"]
+    assert list(table.layer) == ["conv2", "fc1"] and (table[["seconds_exact", "seconds_gram"]] > 0).all().all()
+    with pytest.raises(ValueError, match="at least one solver"):
+        svd_refresh_by_solver(model, ())
+
+
+def test_refresh_layer_seconds_splits_the_refresh_by_the_layers_the_runs_timed():
+    from subfl_book.analysis import refresh_layer_seconds
+    stages = pd.DataFrame({"aggregate": [1.0, 0.1], "aggregate/svd_refresh": [0.8, float("nan")],
+                           "aggregate/svd_refresh/conv2": [0.02, float("nan")],
+                           "aggregate/svd_refresh/fc1": [0.76, float("nan")]}, index=["prism", "fedavg"])
+    table = refresh_layer_seconds(stages, "prism")
+    assert list(table.layer) == ["conv2", "fc1"]
+    assert list(table["seconds per round"]) == pytest.approx([0.02, 0.76])
+    assert list(table["share of the refresh"]) == pytest.approx([0.025, 0.95])   # 0.02 / 0.8, 0.76 / 0.8
+    with pytest.raises(ValueError, match="refreshes nothing"):
+        refresh_layer_seconds(stages, "fedavg")
+    with pytest.raises(ValueError, match="no 'aggregate/svd_refresh' parts per layer"):
+        refresh_layer_seconds(stages[["aggregate", "aggregate/svd_refresh"]], "prism")

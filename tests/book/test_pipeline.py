@@ -1,4 +1,5 @@
 """The book: every chapter notebook is parameterised and rendered, and the site builds with warnings as errors."""
+import hashlib
 import json
 import shutil
 import subprocess
@@ -187,6 +188,38 @@ def test_a_page_is_stale_when_an_analysis_it_reads_moves_version(executed_root, 
     rows = {r.notebook: r for r in book.status("ci", root=executed_root)}
     assert rows["notebooks/ch/c.ipynb"].reason.startswith("1 of its 1 runs lack a current value of an analysis")
     assert rows["notebooks/ch/a.ipynb"].state == "fresh"   # it reads no analysis
+
+
+def test_a_page_reads_a_timing_measured_once_names_it_on_its_card_and_is_stale_when_it_changes(executed_root):
+    _notebook(executed_root / "notebooks" / "ch" / "t.ipynb",
+              "from subfl_book.measured import measured\n"
+              "import time\n"
+              "timing = measured('clock', {'what': 'now'}, lambda: {'seconds': time.perf_counter()}, scale='ci')")
+    book.execute("ci", root=executed_root)
+    meta = _meta(executed_root, "t.ipynb")
+    (entry,) = meta["measured"]
+    assert entry["file"].startswith("measured/clock-") and "1 torch thread" in entry["hardware"]
+    card = json.loads((executed_root / "book" / "ch" / "t.ipynb").read_text())["cells"][1]
+    assert "**timings read** 1 measured once and recorded in the run store: measured/clock-" in "".join(card["source"])
+    rows = {r.notebook: r for r in book.status("ci", root=executed_root)}
+    assert rows["notebooks/ch/t.ipynb"].state == "fresh", rows["notebooks/ch/t.ipynb"].reason
+    path = executed_root / "store" / entry["file"]
+    path.write_text(path.read_text().replace('"seconds": ', '"seconds": 1'))   # measured again, other numbers
+    rows = {r.notebook: r for r in book.status("ci", root=executed_root)}
+    assert rows["notebooks/ch/t.ipynb"].reason == f"measurement {entry['file']} changed or is gone"
+    assert rows["notebooks/ch/a.ipynb"].state == "fresh"
+
+
+def test_a_page_is_stale_when_a_recorded_file_it_read_changed(executed_root):
+    from subfl_book.recorded import recorded_path
+    name = "spectral_resnet18_h200.json"
+    sha = hashlib.sha256(recorded_path(name).read_bytes()).hexdigest()
+    _rewrite_meta(executed_root / "book" / "ch" / "b.ipynb", lambda m: m.update(recorded=[{"file": name, "sha256": sha}]))
+    assert {r.state for r in book.status("ci", root=executed_root)} == {"fresh"}
+    _rewrite_meta(executed_root / "book" / "ch" / "b.ipynb",
+                  lambda m: m.update(recorded=[{"file": name, "sha256": "0" * 64}]))
+    rows = {r.notebook: r for r in book.status("ci", root=executed_root)}
+    assert rows["notebooks/ch/b.ipynb"].reason == f"recorded file {name} changed or is gone"
 
 
 def test_a_failed_execution_leaves_the_last_good_copy_in_place(executed_root):

@@ -589,12 +589,16 @@ def test_factor_decay_frobenius_changes_only_the_factors_step():
 
 def test_the_svd_refresh_is_timed_as_a_part_of_aggregate_and_changes_no_result(tmp_path):
     """The spectral methods time their SVD refresh on the engine's clock (``ctx.timed``): every aggregated round
-    has an ``aggregate/svd_refresh`` timing no longer than its ``aggregate``; FedAvg, which refreshes nothing, has
+    has an ``aggregate/svd_refresh`` timing no longer than its ``aggregate``, and within it one part per decomposed
+    layer (the MLP's ``layers.3``) that together take no longer than the whole refresh; FedAvg, which refreshes nothing, has
     none; the timing never enters the history (the golden runs' digests are unchanged by it)."""
     res = _run("prism", tmp_path, "p", heterogeneity="0.5", clients_per_round=2, rounds=3)
     t = res.timings.pivot_table(index="round", columns="stage", values="seconds")
     assert list(t.index) == [1, 2, 3] and t["aggregate/svd_refresh"].notna().all()
     assert ((t["aggregate/svd_refresh"] > 0) & (t["aggregate/svd_refresh"] <= t["aggregate"])).all()
+    layers = [c for c in t.columns if c.startswith("aggregate/svd_refresh/")]   # one part per decomposed layer
+    assert layers == ["aggregate/svd_refresh/layers.3"]   # the MLP's one decomposed layer
+    assert ((t[layers] > 0).all(axis=1) & (t[layers].sum(axis=1) <= t["aggregate/svd_refresh"])).all()
     assert not any("svd" in m for m in res.history.metric.unique())
     plain = _run("fedavg", tmp_path, "f", clients_per_round=2, rounds=2)
     assert not any("/" in s for s in plain.timings.stage.unique())

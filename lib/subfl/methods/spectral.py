@@ -585,7 +585,10 @@ class SpectralSharding(Method):
             coverage[name] = [int(c) for c in count]
         weights = {k: (new_decomposed[k] if k in new_decomposed else averaged[k]) for k in weights_in}
         with ctx.timed("svd_refresh"):  # the engine records it as the aggregate stage's part "svd_refresh"
-            factors = self.refresh(weights, specs)
+            factors = {}
+            for name in specs:  # and each layer's as "svd_refresh/<layer>": where the refresh's time goes
+                with ctx.timed(f"svd_refresh/{name}"):
+                    factors.update(self.refresh(weights, {name: specs[name]}))
         new_state = {**state, "weights": weights, "factors": _factors_dict(factors)}
         if self.config["diagnostics"]:
             new_state["diagnostics"] = [*state.get("diagnostics", []),
