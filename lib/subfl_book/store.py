@@ -8,6 +8,7 @@ class-specific metrics of CAFF §4.4 are read without weights; stored sparse).
 Final weights are kept (``<key>.state.pt``) only for the runs a page evaluates again (``keep_state=True``).
 The pretrained models finetuning runs start from are kept too (``pretrained/<name>/``, :func:`pretrained`): a page
 that scores them, or a run computed on another machine, reads the recorded weights instead of pretraining again.
+Timings a page measures outside its runs are kept under ``measured/`` (:mod:`subfl_book.measured`).
 
 :func:`run_experiment` reads a run from the store when its key is there and computes it otherwise (resuming from a
 checkpoint in the work folder, ``.subfl-work/`` by default), then records it. The book's runs are made with **one
