@@ -1,6 +1,7 @@
 """Where derived artefacts are kept on this machine: trained tokenizers and pretrained weights.
 
-They are recomputed when missing (deterministically, from data available offline) and never committed. Each one is
+They are recomputed when missing (deterministically, from data available offline); the library commits none of
+them (the book keeps copies of the pretrained models it reads in its run store). Each one is
 keyed on its own configuration and a version constant of the code that makes it (e.g.
 :data:`subfl.pretraining.PRETRAINING_VERSION`), not on source text.
 """

@@ -36,7 +36,8 @@ paper  3, 6, 9, 12      a GPU: 20k steps of 64 × 256 tokens (LM) / 128 images (
 
 Cache: ``artifact_dir("pretrained")/<key>/`` holds ``weights.pt`` (the state dict) and ``summary.json``; ``key``
 hashes the config and :data:`PRETRAINING_VERSION` (bumped whenever pretraining computes something different), so
-a change of behaviour invalidates old weights and a refactor does not. Weights are never committed to the repository.
+a change of behaviour invalidates old weights and a refactor does not. The cache is this machine's; a project that
+wants the weights to outlive it keeps a copy (the book keeps its ``cpu``-scale models in its run store).
 """
 from __future__ import annotations
 
