@@ -140,9 +140,10 @@ def _log_read(path: Path, record: Mapping[str, Any]) -> None:
     if not log:
         return
     m = record.get("machine", {})
+    threads = m.get("torch_threads", "?")
     entry = {"file": f"{MEASURED_DIR}/{path.name}", "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-             "hardware": f"{m.get('processor', '?')}, {m.get('cpus', '?')} CPUs, {m.get('torch_threads', '?')} torch "
-                         f"thread(s)", "torch": m.get("torch"), "date": record.get("measured_at")}
+             "hardware": f"{m.get('processor', '?')}, {m.get('cpus', '?')} CPUs, {threads} torch "
+                         f"thread{'' if threads == 1 else 's'}", "torch": m.get("torch"), "date": record.get("measured_at")}
     with open(log, "a", encoding="utf-8") as f:
         f.write(json.dumps(entry) + "\n")
 
