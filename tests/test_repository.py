@@ -20,8 +20,11 @@ def test_no_dataset_file_is_tracked():
     assert tracked == []
     # the run store holds run records and kept weights, each named by its run key, and pretrained models, each a
     # folder named as the library's cache names it (<kind>-l<layers>-<24 hex digits of its key>)
-    stored = [f for f in files if f.startswith("store/") and not f.startswith("store/pretrained/")]
+    # and timings measured once (subfl_book.measured: measured/<name>-<24 hex digits of its key>.json)
+    stored = [f for f in files if f.startswith("store/") and not f.startswith(("store/pretrained/", "store/measured/"))]
     assert all(f.endswith((".json.gz", ".state.pt")) and len(Path(f).name.split(".")[0]) == 64 for f in stored)
+    measured = [Path(f) for f in files if f.startswith("store/measured/")]
+    assert all(len(p.parts) == 3 and re.fullmatch(r"[a-z0-9_-]+-[0-9a-f]{24}\.json", p.name) for p in measured), measured
     pretrained = [Path(f) for f in files if f.startswith("store/pretrained/")]
     assert all(len(p.parts) == 4 and p.name in ("weights.pt", "summary.json")
                and re.fullmatch(r"(lm|vit)-l\d+-[0-9a-f]{24}", p.parts[2]) for p in pretrained), pretrained
