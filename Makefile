@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 SUBFL_DATA_ROOT ?= $(if $(wildcard ../shared/data/PROVENANCE.md),$(abspath ../shared/data),$(CURDIR)/data)
 export SUBFL_DATA_ROOT
 
-.PHONY: setup book site test status fmnist chromium mathjax
+.PHONY: setup book site test status verify fmnist chromium mathjax
 
 # Test processes: two one-thread workers (pytest-xdist) beat one two-thread process on a 2-core machine; a notebook's
 # cells stay together on one worker (--dist loadfile). TEST_WORKERS= runs the suite in one process. The notebooks'
@@ -60,6 +60,10 @@ site: setup
 
 status: setup
 	$(VENV)/bin/subfl-book --status
+
+# execute every fresh page again from the store and compare its outputs with the committed copy
+verify: setup
+	$(VENV)/bin/subfl-book --verify
 
 test: setup
 	SUBFL_SCALE=ci OMP_NUM_THREADS=1 $(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider -q --durations=25 \

@@ -22,6 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="copy the sources' markdown into the executed copies that run the same code, put a "
                              "notice on the stale ones, then stop")
     parser.add_argument("--jobs", type=int, default=1, help="notebooks executed at a time (default 1)")
+    parser.add_argument("--verify", action="store_true",
+                        help="execute every fresh page again (from the store, into a scratch folder) and compare every "
+                             "output with its committed copy; exit 1 when one moved")
     return parser
 
 
@@ -32,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
             for row in pipeline.status(scale=args.scale, only=args.only):
                 print(f"{row.state:8s} {row.notebook}  ({row.reason})")
             return 0
+        if args.verify:
+            moved = [r for r in pipeline.verify(scale=args.scale, only=args.only) if r.differing_cells]
+            print(f"{len(moved)} page(s) whose outputs moved" if moved else "every fresh page re-executes identically")
+            return 1 if moved else 0
         if args.scorecard:
             changed = scorecard_page.write(pipeline.project_root())
             print("\n".join(f"rewrote {p}" for p in changed) or "scorecard up to date")

@@ -592,6 +592,58 @@ def execute(scale: str = "cpu", only: str | None = None, force: bool = False, jo
         return list(pool.map(execute_notebook, sources, [scale] * len(sources), [root] * len(sources)))
 
 
+def page_outputs(nb: dict[str, Any]) -> list[tuple[int, str, str]]:
+    """Every output of an executed page as ``(cell index, MIME type or "stream", content)``; images by the sha256 of
+    their encoded bytes. The run card (execution date, wall time) is left out: it is the only part of a copy that
+    records when and how long, not what."""
+    out = []
+    for i, cell in enumerate(nb.get("cells", [])):
+        if RUN_CARD_TAG in cell.get("metadata", {}).get("tags", []):
+            continue
+        for output in cell.get("outputs", []):
+            if "text" in output:
+                out.append((i, f"stream:{output.get('name', '')}", _joined(output["text"])))
+            for mime, value in output.get("data", {}).items():
+                value = _joined(value) if isinstance(value, (list, str)) else json.dumps(value, sort_keys=True)
+                if mime.startswith("image/"):
+                    value = hashlib.sha256(value.encode()).hexdigest()
+                out.append((i, mime, value))
+    return out
+
+
+def _joined(value: list[str] | str) -> str:
+    return "".join(value) if isinstance(value, list) else value
+
+
+@dataclass(frozen=True)
+class Reexecution:
+    """A fresh page executed again from the store: how many outputs it has and which cells' outputs moved."""
+    notebook: str
+    outputs: int
+    differing_cells: tuple[int, ...]
+
+
+def verify(scale: str = "cpu", only: str | None = None, root: Path | None = None) -> list[Reexecution]:
+    """Execute every fresh page again, into a scratch folder, and compare every output with its committed copy
+    (:func:`page_outputs`): a page whose outputs move between executions shows numbers that do not come from its
+    runs alone (an unseeded draw, a timing measured live). Only fresh pages are executed, so their runs are read
+    from the store and nothing is trained; the committed copies are not touched."""
+    root = project_root() if root is None else root
+    rows = [row for row in status(scale, only, root) if row.state == "fresh"]
+    results = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for row in rows:
+            source = root / row.notebook
+            committed = page_outputs(json.loads(executed_path(source, root).read_text()))
+            again = page_outputs(json.loads(execute_notebook(source, scale, Path(scratch)).read_text()))
+            differing = sorted({a[0] for a, b in zip(committed, again) if a != b}
+                               | {o[0] for o in (committed[len(again):] or again[len(committed):])})
+            results.append(Reexecution(row.notebook, len(committed), tuple(differing)))
+            print(f"{row.notebook}: {len(committed)} outputs, "
+                  + (f"cells {', '.join(map(str, differing))} differ" if differing else "identical"), flush=True)
+    return results
+
+
 def build_site(root: Path | None = None, strict: bool = True) -> Path:
     """``jupyter-book build`` of the repository (warnings as errors with ``strict``) into ``_build/html``."""
     root = project_root() if root is None else root

@@ -222,6 +222,30 @@ def test_a_page_is_stale_when_a_recorded_file_it_read_changed(executed_root):
     assert rows["notebooks/ch/b.ipynb"].reason == f"recorded file {name} changed or is gone"
 
 
+def test_verify_re_executes_fresh_pages_and_names_the_cells_whose_outputs_moved(executed_root):
+    _notebook(executed_root / "notebooks" / "ch" / "r.ipynb", "import random\nprint(random.random())")
+    book.execute("ci", root=executed_root)
+    committed = (executed_root / "book" / "ch" / "a.ipynb").read_bytes()
+    rows = {r.notebook: r for r in book.verify("ci", root=executed_root)}
+    assert rows["notebooks/ch/a.ipynb"].differing_cells == ()   # its run read from the store again
+    assert rows["notebooks/ch/b.ipynb"].differing_cells == ()
+    moved = rows["notebooks/ch/r.ipynb"]   # an unseeded draw: its one output moves
+    assert moved.outputs == 1 and len(moved.differing_cells) == 1
+    cell = json.loads((executed_root / "book" / "ch" / "r.ipynb").read_text())["cells"][moved.differing_cells[0]]
+    assert "random.random()" in "".join(cell["source"])
+    assert (executed_root / "book" / "ch" / "a.ipynb").read_bytes() == committed   # the copies are not touched
+
+
+def test_page_outputs_leave_out_the_run_card_and_hash_images():
+    nb = {"cells": [{"cell_type": "markdown", "metadata": {"tags": [book.RUN_CARD_TAG]}, "source": "x"},
+                    {"cell_type": "code", "metadata": {}, "outputs": [
+                        {"output_type": "stream", "name": "stdout", "text": ["a\n", "b"]},
+                        {"output_type": "display_data", "data": {"image/png": "iVBOR", "text/plain": ["<Figure>"]}}]}]}
+    assert book.page_outputs(nb) == [(1, "stream:stdout", "a\nb"),
+                                     (1, "image/png", hashlib.sha256(b"iVBOR").hexdigest()),
+                                     (1, "text/plain", "<Figure>")]
+
+
 def test_a_failed_execution_leaves_the_last_good_copy_in_place(executed_root):
     copy = executed_root / "book" / "ch" / "b.ipynb"
     before = copy.read_bytes()
