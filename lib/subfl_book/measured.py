@@ -148,11 +148,15 @@ def _log_read(path: Path, record: Mapping[str, Any]) -> None:
         f.write(json.dumps(entry) + "\n")
 
 
+def file_changed(path: Path, sha256: str) -> bool:
+    """Whether the file a page read, with this sha256, is gone or holds other bytes now."""
+    return not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != sha256
+
+
 def measurement_changed(entry: Mapping[str, Any], scale: str) -> bool:
     """Whether a measurement a page read (an entry of its log) is no longer the recorded one: gone, or changed."""
-    path = measured_root(scale).parent / entry["file"]
-    return not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != entry["sha256"]
+    return file_changed(measured_root(scale).parent / entry["file"], entry["sha256"])
 
 
-__all__ = ["MEASURED_DIR", "MEASURED_LOG_ENV", "machine_facts", "measured", "measured_root", "measurement_changed",
+__all__ = ["MEASURED_DIR", "MEASURED_LOG_ENV", "file_changed", "machine_facts", "measured", "measured_root", "measurement_changed",
            "measurement_key", "measurement_path"]

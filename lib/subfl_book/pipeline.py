@@ -33,7 +33,7 @@ import subfl
 from subfl.experiments.config import ExperimentConfig
 from subfl.experiments.presets import SCALES
 
-from .measured import MEASURED_LOG_ENV, measurement_changed
+from .measured import MEASURED_LOG_ENV, file_changed, measurement_changed
 from .recorded import RECORDED_LOG_ENV, RESULTS_DIR
 from .scorecard import PAGE_NAME_ENV, SCORECARD_LOG_ENV, read_rows
 from .store import (BOOK_THREADS, RUNS_LOG_ENV, book_key, checkout_root, key_to_read, record_path, recorded_enough,
@@ -242,8 +242,7 @@ def _staleness(source: Path, executed: dict[str, Any], scale: str) -> str | None
 
 def _recorded_changed(entry: dict[str, Any]) -> bool:
     """Whether a recorded file a page read (an entry of its log) is gone from ``results/`` or changed since."""
-    path = checkout_root() / RESULTS_DIR / entry["file"]
-    return not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != entry["sha256"]
+    return file_changed(checkout_root() / RESULTS_DIR / entry["file"], entry["sha256"])
 
 
 def _recorded_read(log: Path) -> list[dict[str, Any]]:
