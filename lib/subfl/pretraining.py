@@ -62,6 +62,7 @@ from .data.tokenizer import TokenizerConfig, english_corpus_tokens, train_tokeni
 from .fl.rng import seed_sequence, torch_generator
 from .models.transformers import TinyGPT, TinyViT, causal_lm_loss
 from .artifacts import artifact_dir
+from .files import write_atomically
 from .locking import exclusive, lock_file_for
 
 PRETRAINING_VERSION = 2
@@ -378,10 +379,7 @@ def pretrain(config: PretrainConfig, data_root: str | os.PathLike | None = None,
         if weights.is_file():
             return torch.load(weights, map_location="cpu", weights_only=True)
         state, summary = train_from_scratch(config, data_root, progress)
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / "weights.pt.tmp"
-        torch.save(state, tmp)
-        os.replace(tmp, weights)
+        write_atomically(weights, lambda tmp: torch.save(state, tmp))
         (folder / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
     return state
 

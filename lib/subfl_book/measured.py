@@ -26,6 +26,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from subfl.files import write_bytes_atomically
+
 from .store import store_root, work_root
 
 MEASURED_DIR = "measured"
@@ -127,10 +129,7 @@ def measured(name: str, inputs: Mapping[str, Any], measure: Callable[[], Any], *
         record = {"name": name, "key": measurement_key(name, inputs), "inputs": _canonical(dict(inputs)),
                   **_encode(result), "machine": facts,
                   "measured_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        write_bytes_atomically(path, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode("utf-8"))
     _log_read(path, record)
     return _decode(record)
 

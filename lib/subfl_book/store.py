@@ -44,6 +44,7 @@ import torch
 
 from subfl.experiments import ExperimentConfig, RunResult
 from subfl.experiments import run_experiment as compute_run
+from subfl.files import copy_atomically, write_bytes_atomically
 from subfl.locking import exclusive
 from subfl.experiments.provenance import run_key
 
@@ -110,10 +111,7 @@ def _frame(columns: list[list]) -> pd.DataFrame:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    write_bytes_atomically(path, data)
 
 
 def _sparse(matrix: np.ndarray) -> dict[str, Any]:
@@ -393,9 +391,8 @@ def _copy_pretrained(source: Path, target: Path) -> None:
     partial file) from folder ``source`` to folder ``target``."""
     target.mkdir(parents=True, exist_ok=True)
     if (source / "summary.json").is_file():
-        shutil.copyfile(source / "summary.json", target / "summary.json")
-    shutil.copyfile(source / "weights.pt", target / "weights.pt.tmp")
-    os.replace(target / "weights.pt.tmp", target / "weights.pt")
+        copy_atomically(source / "summary.json", target / "summary.json")
+    copy_atomically(source / "weights.pt", target / "weights.pt")
 
 
 def seed_pretrained_cache(root: Path | None = None) -> list[str]:

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from ..artifacts import artifact_dir
+from ..files import write_atomically
 from .base import FederatedDataset, per_user_windows, token_windows
 from .datasets import TEXT_CORPORA, load_text
 from .manifest import manifest_entry, require_file, resolve_data_root, verify_file
@@ -208,9 +209,11 @@ def encoded_corpus(tokenizer: Tokenizer, name: str = "english_corpus",
     if path.is_file():
         return np.load(path).astype(np.int64)
     ids = tokenizer.encode(text)
-    tmp = path.with_suffix(".tmp.npy")
-    np.save(tmp, ids.astype(np.int32))
-    os.replace(tmp, path)
+    def save(tmp: Path) -> None:  # through a handle: np.save appends ".npy" to a path that lacks it
+        with open(tmp, "wb") as fh:
+            np.save(fh, ids.astype(np.int32), allow_pickle=False)
+
+    write_atomically(path, save)
     return ids
 
 

@@ -33,6 +33,7 @@ from ..methods import make_method
 from ..fl.method import ServerContext
 from ..models import build_model, model_spec
 from .config import ExperimentConfig
+from ..files import copy_atomically, write_atomically
 from ..locking import exclusive, lock_file_for
 from .provenance import canonical_config, environment_class, run_key, run_versions
 
@@ -359,9 +360,7 @@ def _finished_here(config: ExperimentConfig, target: Path, key: str) -> bool:
 
 def _write_json_atomic(obj: Any, path: Path) -> None:
     """:func:`~subfl.fl.engine.dump_json` to a temporary name, then renamed: the file is complete or absent."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    dump_json(obj, tmp)
-    os.replace(tmp, path)
+    write_atomically(path, lambda tmp: dump_json(obj, tmp))
 
 
 def run_experiment(config: ExperimentConfig, out_dir: str | Path | None = None, *, cache: bool = True,
@@ -456,9 +455,7 @@ def _copy_files(source: Path, target: Path) -> None:
     copy killed half-way leaves no summary, so the next call copies again."""
     target.mkdir(parents=True, exist_ok=True)
     for name in sorted(OUTPUT_FILES, key=lambda n: n == "summary.json"):
-        tmp = target / f".{name}.tmp"
-        shutil.copyfile(source / name, tmp)
-        os.replace(tmp, target / name)
+        copy_atomically(source / name, target / name)
 
 
 def _publish(target: Path, cached_dir: Path) -> None:

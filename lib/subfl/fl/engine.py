@@ -25,6 +25,7 @@ import torch
 from tqdm import tqdm
 
 from ..data.base import FederatedDataset
+from ..files import write_atomically
 from .method import ClientContext, Method, ServerContext, ServerState
 from .history import History
 from .ledger import Ledger
@@ -105,9 +106,7 @@ def select_clients(num_clients: int, clients_per_round: int, seed: int, round: i
 
 
 def _save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    write_atomically(path, lambda tmp: torch.save(payload, tmp))
 
 
 def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Sequence[np.ndarray],
