@@ -233,16 +233,21 @@ def test_planned_runs_carry_a_cpu_time_estimate_from_the_store(tmp_path):
     assert "one-thread CPU hours" in out
 
 
+def _plan_runs_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("plan_runs", SCRIPTS / "plan_runs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_a_stand_in_of_another_dataset_reports_the_asked_datasets_metrics():
     """A stand-in recorded on another dataset gains the metrics the store's runs of the asked dataset report (a
     Shakespeare page reading perplexity used to break on a Fashion-MNIST stand-in), as copies of its loss rows."""
-    import importlib.util
-
     import pandas as pd
 
-    spec = importlib.util.spec_from_file_location("plan_runs", SCRIPTS / "plan_runs.py")
-    plan_runs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plan_runs)
+    plan_runs = _plan_runs_module()
     history = pd.DataFrame({"round": [5, 5, 10, 10], "metric": ["accuracy", "loss"] * 2, "group": "global",
                             "value": [0.5, 1.5, 0.6, 1.2]})
     shakespeare = {"config": {"dataset": "shakespeare"},
@@ -252,6 +257,27 @@ def test_a_stand_in_of_another_dataset_reports_the_asked_datasets_metrics():
     assert grafted[grafted.metric == "perplexity"].value.tolist() == [1.5, 1.2]
     assert len(grafted) == 6 and "f1" not in set(grafted.metric)
     assert plan_runs.with_metrics_of("fmnist", history, [shakespeare]) is history  # no run of it: unchanged
+
+
+def test_cost_estimates_follow_the_width_of_the_model():
+    """The rate is the median seconds per client-epoch of the one-thread CPU records of the same dataset, model
+    and width: a width-0.25 ResNet-18 run is not priced at its width-0.125 records' rate."""
+    plan_runs = _plan_runs_module()
+
+    def record(width, seconds, threads=1, device="cpu"):
+        return {"config": {"dataset": "cifar10", "model": "resnet18", "width": width, "rounds": 10,
+                           "clients_per_round": 5, "local_epochs": 2},
+                "environment": {"device": device, "threads": threads},
+                "timings": [["seconds", [seconds / 2, seconds / 2]]]}
+
+    records = [record(0.125, 100.0), record(0.125, 120.0), record(0.125, 140.0), record(0.25, 600.0),
+               record(0.25, 10.0, threads=2), record(0.25, 10.0, device="cuda")]
+    rates = plan_runs.cpu_rates(records)
+    assert rates == {("cifar10", "resnet18", 0.125): 1.2, ("cifar10", "resnet18", 0.25): 6.0}
+    asked = {"dataset": "cifar10", "model": "resnet18", "width": 0.25, "rounds": 20, "clients_per_round": 10,
+             "local_epochs": 2}
+    assert plan_runs.estimated_cpu_seconds(asked, rates) == 2400.0
+    assert plan_runs.estimated_cpu_seconds({**asked, "width": 0.5}, rates) is None
 
 
 def test_a_plan_carries_a_pages_analyses_and_compute_runs_records_them(tmp_path):
