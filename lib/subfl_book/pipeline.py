@@ -37,7 +37,7 @@ from .measured import MEASURED_LOG_ENV, file_changed, measurement_changed
 from .recorded import RECORDED_LOG_ENV, RESULTS_DIR
 from .scorecard import PAGE_NAME_ENV, SCORECARD_LOG_ENV, read_rows
 from .store import (BOOK_THREADS, RUNS_LOG_ENV, book_key, checkout_root, key_to_read, record_path, recorded_enough,
-                    store_root)
+                    store_root, stored_digest)
 
 
 def project_root() -> Path:
@@ -232,6 +232,10 @@ def _staleness(source: Path, executed: dict[str, Any], scale: str) -> str | None
     missing = [r for r in runs if not record_path(r["key"]).exists()]
     if missing:
         return f"{len(missing)} of its {len(runs)} runs are not in the store"
+    recomputed = [r for r in runs if r.get("record_sha256") and stored_digest(r["key"]) != r["record_sha256"]]
+    if recomputed:
+        return (f"{len(recomputed)} of its {len(runs)} runs were recorded again with other results (the same key "
+                f"computed anew, e.g. on a CPU whose kernels round differently)")
     lacking = [r for r in runs if r.get("analyses") and not recorded_enough(r["key"], store_root(),
                                                                             analyses=r["analyses"])]
     if lacking:
@@ -267,6 +271,8 @@ def _runs_read(log: Path) -> list[dict[str, Any]]:
             first = seen.setdefault(entry["key"], entry)
             if first is not entry and entry.get("analyses"):   # the same run read again for other analyses
                 first["analyses"] = [list(r) for r in normalise([*first.get("analyses", []), *entry["analyses"]])]
+            if entry.get("record_sha256"):   # the record read (a line logged before computing it has none)
+                first["record_sha256"] = entry["record_sha256"]
     return list(seen.values())
 
 

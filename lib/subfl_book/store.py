@@ -138,8 +138,12 @@ def _confusions(result: RunResult, data_root: str | Path | None, verify: bool = 
 
 
 def hardware(device: str) -> dict[str, Any]:
-    """The machine a run was computed on: its processor and core count, and the accelerator's name for a GPU run."""
-    out: dict[str, Any] = {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()}
+    """The machine a run was computed on: its processor and core count, the instruction set torch's CPU kernels use
+    (``cpu_capability``, e.g. AVX512) and torch's full version, and the accelerator's name for a GPU run. The last
+    three are not part of the run key (:func:`subfl.experiments.provenance.environment_class`), yet CPU kernels of
+    another instruction set or build round differently: they say why a recomputation of a key need not match."""
+    out: dict[str, Any] = {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+                           "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch_build": torch.__version__}
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
         out["accelerator"] = torch.cuda.get_device_name(torch.device(device))
     return out
@@ -198,6 +202,7 @@ class StoredRun(RunResult):
         confusions = record.get("confusions")
         self.confusions = None if confusions is None else {k: _dense(v) for k, v in confusions.items()}
         self.analyses = dict(record.get("analyses") or {})   # values of subfl_book.final_analyses, by request
+        self.digest = record_digest(record)
         self._state_file = state_file
 
     def has_state(self) -> bool:
@@ -210,6 +215,20 @@ class StoredRun(RunResult):
         return torch.load(self._state_file, map_location="cpu", weights_only=False)
 
 
+def record_digest(record: dict[str, Any]) -> str:
+    """sha256 of what a computation of the run produced: the record without the final-weights analyses added to it
+    later (they have versions of their own). Two computations of one key on machines whose CPU kernels round
+    differently give two digests: a page that read one is stale once the store holds the other."""
+    produced = {name: value for name, value in record.items() if name != "analyses"}
+    return hashlib.sha256(json.dumps(produced, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def stored_digest(key: str, root: Path | None = None) -> str | None:
+    """:func:`record_digest` of the stored record of ``key`` (``None``: not in the store)."""
+    path = record_path(key, root)
+    return record_digest(json.loads(gzip.decompress(path.read_bytes()))) if path.exists() else None
+
+
 def load_record(config: ExperimentConfig, key: str, root: Path | None = None) -> StoredRun | None:
     path = record_path(key, root)
     if not path.exists():
@@ -218,14 +237,16 @@ def load_record(config: ExperimentConfig, key: str, root: Path | None = None) ->
 
 
 def _log_read(key: str, config: ExperimentConfig, same_environment: bool = False,
-              analyses: Iterable[Any] | None = None) -> None:
+              analyses: Iterable[Any] | None = None, digest: str | None = None) -> None:
+    """One line of the page's runs log (``$SUBFL_PAGE_RUNS``): the key, config and analyses read, and the
+    :func:`record_digest` of the record read (absent on the line written before a missing run is computed)."""
     from . import final_analyses
 
     log = os.environ.get(RUNS_LOG_ENV)
     if log:
         requests = [list(r) for r in final_analyses.normalise(analyses)]
         entry = ({"key": key, "config": config.to_dict()} | ({"same_environment": True} if same_environment else {})
-                 | ({"analyses": requests} if requests else {}))
+                 | ({"analyses": requests} if requests else {}) | ({"record_sha256": digest} if digest else {}))
         with open(log, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(entry, sort_keys=True, default=list) + "\n")
 
@@ -350,7 +371,7 @@ def run_experiment(config: ExperimentConfig, *, data_root: str | Path | None = N
     key = book_key(config)
     stored = _stored_enough(config, keep_state, same_environment, analyses)
     if stored is not None:
-        _log_read(stored.key, config, same_environment, analyses)
+        _log_read(stored.key, config, same_environment, analyses, stored.digest)
         return stored
     _log_read(key, config, same_environment, analyses)
     if os.environ.get(STORE_ONLY_ENV, "") not in ("", "0"):
@@ -360,6 +381,7 @@ def run_experiment(config: ExperimentConfig, *, data_root: str | Path | None = N
     with _run_lock(key):
         stored = _stored_enough(config, keep_state, same_environment, analyses)  # recorded while we waited
         if stored is not None:
+            _log_read(stored.key, config, same_environment, analyses, stored.digest)
             return stored
         work = work_root() / key[:24]
         seed_pretrained_cache(pretrained_root(config.scale))
@@ -370,7 +392,9 @@ def run_experiment(config: ExperimentConfig, *, data_root: str | Path | None = N
         if config.scale != "ci":
             record_pretrained_cache(pretrained_root(config.scale))
         shutil.rmtree(work, ignore_errors=True)
-    return load_record(config, key, root_for(config))
+    stored = load_record(config, key, root_for(config))
+    _log_read(key, config, same_environment, analyses, stored.digest)
+    return stored
 
 
 # ---- pretrained models ----------------------------------------------------------------------------------

@@ -169,6 +169,28 @@ def test_a_page_whose_run_left_the_store_is_stale_and_re_executes(executed_root)
     assert {r.state for r in book.status("ci", root=executed_root)} == {"fresh"}
 
 
+def test_a_page_is_stale_when_a_run_it_read_was_recorded_again_with_other_results(executed_root):
+    """The same key computed anew (another CPU's kernels round differently) stales the pages that read the old
+    record; an analysis added to the record later does not."""
+    import gzip
+
+    run = _meta(executed_root, "a.ipynb")["runs"][0]
+    assert len(run["record_sha256"]) == 64
+    path = executed_root / "store" / run["key"][:2] / f"{run['key']}.json.gz"
+    record = json.loads(gzip.decompress(path.read_bytes()))
+    record["analyses"] = {"top_terms_accuracy{}": {"value": 0.5}}
+    path.write_bytes(gzip.compress(json.dumps(record).encode()))
+    assert {r.state for r in book.status("ci", root=executed_root)} == {"fresh"}
+    values = dict(record["history"])["value"]
+    values[0] += 1e-7   # one value, one rounding apart
+    path.write_bytes(gzip.compress(json.dumps(record).encode()))
+    rows = {r.notebook: r for r in book.status("ci", root=executed_root)}
+    assert rows["notebooks/ch/a.ipynb"].reason.startswith("1 of its 1 runs were recorded again with other results")
+    assert rows["notebooks/ch/b.ipynb"].state == "fresh"
+    assert book.execute("ci", root=executed_root) == [executed_root / "book" / "ch" / "a.ipynb"]
+    assert {r.state for r in book.status("ci", root=executed_root)} == {"fresh"}
+
+
 def test_a_page_is_stale_when_an_analysis_it_reads_moves_version(executed_root, monkeypatch):
     from subfl_book import final_analyses
     _notebook(executed_root / "notebooks" / "ch" / "c.ipynb",

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from subfl.experiments import make_config, run_experiment as compute_run
 from subfl.experiments.provenance import canonical_config, run_key
@@ -203,6 +204,8 @@ def test_a_record_names_the_hardware_it_was_computed_on(tmp_store):
     run = store.run_experiment(CONFIG)
     record = json.loads(gzip.decompress(store.record_path(run.key).read_bytes()))
     assert record["hardware"]["cpus"] >= 1 and "accelerator" not in record["hardware"]
+    assert record["hardware"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert record["hardware"]["torch_build"] == torch.__version__
     assert record["experiment_key"] == store.experiment_key(record["canonical_config"], record["versions"])
 
 
