@@ -232,7 +232,9 @@ def _staleness(source: Path, executed: dict[str, Any], scale: str) -> str | None
     missing = [r for r in runs if not record_path(r["key"]).exists()]
     if missing:
         return f"{len(missing)} of its {len(runs)} runs are not in the store"
-    recomputed = [r for r in runs if r.get("record_sha256") and stored_digest(r["key"]) != r["record_sha256"]]
+    if any("record_sha256" not in r for r in runs):
+        return "executed before pages recorded the sha256 of the records they read"
+    recomputed = [r for r in runs if stored_digest(r["key"]) != r["record_sha256"]]
     if recomputed:
         return (f"{len(recomputed)} of its {len(runs)} runs were recorded again with other results (the same key "
                 f"computed anew, e.g. on a CPU whose kernels round differently)")

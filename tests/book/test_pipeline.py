@@ -283,6 +283,13 @@ def test_a_copy_without_recorded_runs_is_stale(executed_root):
     assert rows["notebooks/ch/b.ipynb"].state == "stale" and "before pages recorded" in rows["notebooks/ch/b.ipynb"].reason
 
 
+def test_a_copy_that_did_not_record_the_digests_of_its_records_is_stale(executed_root):
+    _rewrite_meta(executed_root / "book" / "ch" / "a.ipynb", lambda m: m["runs"][0].pop("record_sha256"))
+    rows = {r.notebook: r for r in book.status("ci", root=executed_root)}
+    assert rows["notebooks/ch/a.ipynb"].reason == "executed before pages recorded the sha256 of the records they read"
+    assert rows["notebooks/ch/b.ipynb"].state == "fresh"   # it read no run
+
+
 def test_fold_code_tags_executed_cells_for_the_site():
     import nbformat
     from subfl_book.pipeline import fold_code
