@@ -110,10 +110,6 @@ def _frame(columns: list[list]) -> pd.DataFrame:
     return pd.DataFrame({c: values for c, values in columns})
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    write_bytes_atomically(path, data)
-
-
 def _sparse(matrix: np.ndarray) -> dict[str, Any]:
     rows, cols = np.nonzero(matrix)
     return {"shape": list(matrix.shape), "entries": [[int(i), int(j), int(matrix[i, j])] for i, j in zip(rows, cols)]}
@@ -183,8 +179,8 @@ def save_record(result: RunResult, key: str, *, keep_state: bool = False, data_r
     if keep_state:
         buffer = io.BytesIO()
         torch.save(result.state(), buffer)
-        _atomic_write(state_path(key, root), buffer.getvalue())
-    _atomic_write(path, gzip.compress(text, compresslevel=9, mtime=0))
+        write_bytes_atomically(state_path(key, root), buffer.getvalue())
+    write_bytes_atomically(path, gzip.compress(text, compresslevel=9, mtime=0))
     return path
 
 

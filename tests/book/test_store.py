@@ -12,6 +12,7 @@ import torch
 
 from subfl.experiments import make_config, run_experiment as compute_run
 from subfl.experiments.provenance import canonical_config, run_key
+from subfl.files import write_bytes_atomically
 from subfl_book import store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -149,7 +150,7 @@ def _as_other_environment(run, environment: dict) -> str:
     key = run_key(CONFIG, environment)
     record.update(key=key, environment=environment)
     record["summary"]["environment"] = environment
-    store._atomic_write(store.record_path(key), gzip.compress(json.dumps(record).encode()))
+    write_bytes_atomically(store.record_path(key), gzip.compress(json.dumps(record).encode()))
     path.unlink()
     return key
 
