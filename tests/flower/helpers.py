@@ -4,13 +4,15 @@ from __future__ import annotations
 import hashlib
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "golden"))
-from cases import CASES, case_config, recorded  # noqa: E402
+from cases import CASES, case_config, golden_mismatch, recorded  # noqa: E402
 
-from subfl.experiments.provenance import history_digest, state_digest  # noqa: E402
+from subfl.experiments.provenance import (history_digest, history_summary, state_digest,  # noqa: E402
+                                         state_summary)
 from subfl.fl.history import read_history  # noqa: E402
 
 FLOWER_CASES = ("fedavg", "prism", "opu3", "flanc", "caff")
@@ -22,12 +24,14 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def digests(folder: Path) -> dict[str, str]:
-    """The history / state digests of a run folder (those of goldens.json) and the sha256 of its ledger.csv."""
+def digests(folder: Path) -> dict[str, Any]:
+    """The history / state digests and summaries of a run folder (those of goldens.json) and the sha256 of its
+    ledger.csv and history.csv."""
     rows = list(read_history(folder / "history.csv").itertuples(index=False, name=None))
     state = torch.load(folder / "state.pt", map_location="cpu", weights_only=False)
     return {"history": history_digest(rows), "state": state_digest(state), "ledger": sha256(folder / "ledger.csv"),
-            "history.csv": sha256(folder / "history.csv")}
+            "history.csv": sha256(folder / "history.csv"),
+            "summary": {"history": history_summary(rows), "state": state_summary(state)}}
 
 
-__all__ = ["CASES", "FLOWER_CASES", "case_config", "digests", "recorded", "sha256"]
+__all__ = ["CASES", "FLOWER_CASES", "case_config", "digests", "golden_mismatch", "recorded", "sha256"]

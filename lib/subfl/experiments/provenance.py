@@ -12,7 +12,8 @@ A run's **key** is the hash of three things, each recorded with the run:
   config gives different floating-point histories with 1 and 2 threads).
 
 A refactor that changes no behaviour changes no key. :func:`history_digest` and :func:`state_digest` are the
-digests the golden runs pin.
+digests the golden runs pin on the CPU they were recorded on; :func:`history_summary`, :func:`state_summary` and
+:func:`summary_deviation` compare runs made on different CPUs, which end a few ulps apart.
 """
 from __future__ import annotations
 
@@ -126,3 +127,80 @@ def state_digest(state: Any) -> str:
 
     walk("", state)
     return h.hexdigest()
+
+
+SUMMARY_PROBES = 2
+"""Random ±1 directions each float tensor of a state is projected on by :func:`state_summary`."""
+
+
+def _leaves(prefix: str, value: Any, out: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        for k in sorted(value, key=str):
+            _leaves(f"{prefix}/{k}", value[k], out)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _leaves(f"{prefix}[{i}]", v, out)
+    else:
+        out[prefix] = value
+    return out
+
+
+def state_summary(state: Any) -> dict[str, Any]:
+    """A machine-independent description of a server state, for comparing runs made on different CPUs.
+
+    :func:`state_digest` changes with the last bit of any weight, and the same run computed on another CPU
+    (AVX2 against AVX-512 kernels, another BLAS code path) ends a few ulps away. Per leaf (same names as
+    :func:`state_digest`'s walk): a floating-point tensor becomes ``[numel, ‖x‖, ⟨x, r_1⟩/√n, …]`` in float64,
+    with ``r_k`` fixed ±1 vectors drawn from numpy's PCG64 seeded by ``(k, numel)`` (the same on every machine);
+    a float becomes ``[1, |v|, v]``; anything else its ``repr`` (compared exactly by :func:`summary_deviation`).
+    """
+    out: dict[str, Any] = {}
+    for name, value in _leaves("", state, {}).items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            x = value.detach().cpu().double().reshape(-1)
+            n = x.numel()
+            probes = [float(x @ torch.from_numpy(
+                np.random.Generator(np.random.PCG64([k, n])).integers(0, 2, n).astype(np.float64) * 2 - 1)) / math.sqrt(n)
+                if n else 0.0 for k in range(SUMMARY_PROBES)]
+            out[name] = [n, float(x.norm())] + probes
+        elif isinstance(value, float):
+            out[name] = [1, abs(value), value]
+        elif isinstance(value, torch.Tensor):
+            out[name] = repr(value.tolist())
+        else:
+            out[name] = repr(value)
+    return out
+
+
+def history_summary(rows) -> dict[str, Any]:
+    """:func:`state_summary` of a history's ``(round, metric, value, group)`` rows, one leaf per row
+    (``"<round>/<metric>/<group>"``)."""
+    return state_summary({f"{int(r)}/{m}/{g}": float(v) for r, m, v, g in rows})
+
+
+def summary_deviation(recorded: Mapping[str, Any], now: Mapping[str, Any],
+                      floor: float = 1e-2) -> tuple[float, str]:
+    """The largest relative deviation between two :func:`state_summary` (or :func:`history_summary`) results, and
+    the leaf it is at.
+
+    For a float leaf ``[n, ‖x‖, p_1, …]`` it is the larger of ``|Δ‖x‖| / (‖x‖ + floor·√n)`` and
+    ``max_k |Δp_k| / (‖x‖/√n + floor)`` (a probe is of the size of one entry, ``‖x‖/√n``): a relative change of
+    every entry by ε deviates by about ε. ``floor`` keeps a tensor that is numerically zero (a key bias, which
+    attention is invariant to) from dividing by nothing. A leaf missing on one side, of another size or type, of
+    another exact value, or not finite on one side only deviates by ``inf``.
+    """
+    worst, where = 0.0, ""
+    for name in sorted(set(recorded) | set(now)):
+        a, b = recorded.get(name), now.get(name)
+        if isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and a[0] == b[0]:
+            root_n = math.sqrt(max(int(a[0]), 1))
+            gaps = [abs(a[1] - b[1]) / (a[1] + floor * root_n)]
+            gaps += [abs(x - y) / (a[1] / root_n + floor) for x, y in zip(a[2:], b[2:])]
+            gap = max(gaps)
+            if math.isnan(gap):
+                gap = 0.0 if repr(a) == repr(b) else math.inf
+        else:
+            gap = 0.0 if a == b and a is not None else math.inf
+        if gap > worst or not where:
+            worst, where = max(worst, gap), name
+    return worst, where
