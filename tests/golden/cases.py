@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -134,7 +135,7 @@ def run_case(case_id: str) -> dict[str, Any]:
 
 def machine() -> str:
     """The CPU class a golden was recorded on: torch's build and vectorisation level, and the processor."""
-    return f"torch {torch.__version__} · {torch.backends.cpu.get_cpu_capability()} · {_processor()}"
+    return f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, {_processor()}"
 
 
 def _processor() -> str:
@@ -183,7 +184,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{case_id:36s} {'same' if same else 'CHANGED'}", flush=True)
         goldens[case_id] = now
     if args.record:
-        GOLDENS.write_text(json.dumps({k: goldens[k] for k in CASES if k in goldens}, indent=1) + "\n")
+        GOLDENS.write_text(_dumps({k: goldens[k] for k in CASES if k in goldens}))
+
+
+def _dumps(goldens: dict[str, Any]) -> str:
+    """JSON with one line per summary leaf (each innermost list on one line)."""
+    text = json.dumps(goldens, indent=1)
+    return re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + re.sub(r"\s*\n\s*", " ", m.group(1)) + "]", text) + "\n"
 
 
 if __name__ == "__main__":
