@@ -156,6 +156,9 @@ def golden_mismatch(case_id: str, now: dict[str, Any]) -> str | None:
     golden = recorded()[case_id]
     if (now["history"], now["state"]) == (golden["history"], golden["state"]):
         return None
+    if "summary" not in golden:
+        return (f"{case_id!r} differs from its golden digests, and its golden has no summary to compare with on "
+                f"this CPU ({machine()}): re-record it with `python tests/golden/cases.py --record {case_id}`")
     worst = max((summary_deviation(golden["summary"][part], now["summary"][part]) + (part,)
                  for part in ("history", "state")), key=lambda d: d[0])
     if worst[0] <= TOLERANCE:
