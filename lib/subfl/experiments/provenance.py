@@ -21,7 +21,7 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -108,24 +108,15 @@ def history_digest(rows) -> str:
 def state_digest(state: Any) -> str:
     """sha256 over a server state's tensors and numbers (names, dtypes, shapes and bytes), walked in a fixed order."""
     h = hashlib.sha256()
-
-    def walk(prefix: str, value: Any) -> None:
+    for name, value in _leaves("", state):
         if isinstance(value, torch.Tensor):
             t = value.detach().cpu().contiguous()
-            h.update(f"{prefix}:{t.dtype}:{tuple(t.shape)}:".encode())
+            h.update(f"{name}:{t.dtype}:{tuple(t.shape)}:".encode())
             h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
         elif isinstance(value, np.ndarray):
-            h.update(f"{prefix}:{value.dtype}:{value.shape}:".encode() + np.ascontiguousarray(value).tobytes())
-        elif isinstance(value, Mapping):
-            for k in sorted(value, key=str):
-                walk(f"{prefix}/{k}", value[k])
-        elif isinstance(value, (list, tuple)):
-            for i, v in enumerate(value):
-                walk(f"{prefix}[{i}]", v)
+            h.update(f"{name}:{value.dtype}:{value.shape}:".encode() + np.ascontiguousarray(value).tobytes())
         else:
-            h.update(f"{prefix}={value!r};".encode())
-
-    walk("", state)
+            h.update(f"{name}={value!r};".encode())
     return h.hexdigest()
 
 
@@ -133,16 +124,17 @@ SUMMARY_PROBES = 2
 """Random ±1 directions each float tensor of a state is projected on by :func:`state_summary`."""
 
 
-def _leaves(prefix: str, value: Any, out: dict[str, Any]) -> dict[str, Any]:
+def _leaves(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
+    """``(name, leaf)`` of a nested state in a fixed order: mappings by ``str`` of their keys (``/key``), sequences
+    by position (``[i]``); tensors, arrays and everything else are leaves."""
     if isinstance(value, Mapping):
         for k in sorted(value, key=str):
-            _leaves(f"{prefix}/{k}", value[k], out)
+            yield from _leaves(f"{prefix}/{k}", value[k])
     elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
-            _leaves(f"{prefix}[{i}]", v, out)
+            yield from _leaves(f"{prefix}[{i}]", v)
     else:
-        out[prefix] = value
-    return out
+        yield prefix, value
 
 
 def state_summary(state: Any) -> dict[str, Any]:
@@ -155,7 +147,7 @@ def state_summary(state: Any) -> dict[str, Any]:
     a float becomes ``[1, |v|, v]``; anything else its ``repr`` (compared exactly by :func:`summary_deviation`).
     """
     out: dict[str, Any] = {}
-    for name, value in _leaves("", state, {}).items():
+    for name, value in _leaves("", state):
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             x = value.detach().cpu().double().reshape(-1)
             n = x.numel()
