@@ -156,6 +156,27 @@ def ordering_check(results: Iterable[RunResult], *, method: str = "flanc", rival
     return pd.DataFrame(rows, columns=["width", "best", "margin", "spread", "status"])
 
 
+def curve_summary(results: Iterable[RunResult], *, late_rounds: int = 5) -> pd.DataFrame:
+    """One row per run: its seed, its final and its best global test accuracy, the round of the best one, and its
+    mean local training loss (``train_loss``) over its last ``late_rounds`` rounds. A run whose curve peaks early
+    and ends lower, or whose clients fit their data worse late in training, shows here. A diverged run has NaN
+    final accuracy and late loss."""
+    if late_rounds < 1:
+        raise ValueError(f"late_rounds={late_rounds} is not valid; accepted: an integer of at least 1")
+    rows = []
+    for r in results:
+        accuracy = r.curve("accuracy")
+        if accuracy.empty:
+            raise ValueError(f"the run of seed {r.config.seed} ({r.config.method}) recorded no global accuracy")
+        best = accuracy.loc[accuracy.value.idxmax()]
+        loss = r.curve("train_loss")
+        late = loss[loss["round"] > loss["round"].max() - late_rounds].value.mean() if len(loss) else float("nan")
+        rows.append({"seed": r.config.seed, "final": r.final("accuracy"), "best": float(best.value),
+                     "best round": int(best["round"]), f"train loss, last {late_rounds} rounds":
+                     float("nan") if r.diverged else float(late)})
+    return pd.DataFrame(rows)
+
+
 def stage_seconds(results: Iterable[RunResult], by: Sequence[str] = ("method",)) -> pd.DataFrame:
     """Mean wall-clock seconds per round of every engine stage (``timings.csv``: ``configure``, ``local_train``,
     ``aggregate``, ``evaluate``), one row per ``by`` group, averaged over the rounds of all its runs.

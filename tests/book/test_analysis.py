@@ -405,3 +405,18 @@ def test_refresh_layer_seconds_splits_the_refresh_by_the_layers_the_runs_timed()
         refresh_layer_seconds(stages, "fedavg")
     with pytest.raises(ValueError, match="no 'aggregate/svd_refresh' parts per layer"):
         refresh_layer_seconds(stages[["aggregate", "aggregate/svd_refresh"]], "prism")
+
+
+def test_curve_summary_reads_the_peak_its_round_and_the_late_training_loss():
+    from subfl_book.analysis import curve_summary
+    run = RunResult(make_config("fedavg", "digits", "mlp", scale="ci", seed=4), Path("/nonexistent"))
+    accuracy = {2: 0.30, 4: 0.45, 6: 0.41, 8: 0.40}
+    loss = {k: 2.0 - 0.1 * k for k in range(1, 9)}   # 1.9 ... 1.2
+    run.__dict__["history"] = pd.DataFrame(
+        [{"round": k, "metric": "accuracy", "value": v, "group": "global"} for k, v in accuracy.items()]
+        + [{"round": k, "metric": "train_loss", "value": v, "group": "global"} for k, v in loss.items()])
+    row = curve_summary([run], late_rounds=3).iloc[0]
+    assert (row.seed, row.final, row.best, row["best round"]) == (4, 0.40, 0.45, 4)
+    assert row["train loss, last 3 rounds"] == pytest.approx((1.4 + 1.3 + 1.2) / 3)
+    with pytest.raises(ValueError, match="late_rounds=0"):
+        curve_summary([run], late_rounds=0)
