@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .claims import NOT_RUN_REASONS, PAPERS, Claim, Register, load_register
+from .pipeline import status
 from .verdict import STATUSES
 
 PAPER_NAMES = {"spectral": "Spectral model sharding (Korzhenkov & Louizos, NeurIPS 2024)",
@@ -29,6 +30,9 @@ MARKERS = ("<!-- scorecard-counts:start -->", "<!-- scorecard-counts:end -->")
 
 PAGE_MARKERS = ("<!-- chapter-scorecard:start -->", "<!-- chapter-scorecard:end -->")
 """Where a chapter's index page holds its generated table of pages and their verdicts."""
+
+STATUS_MARKERS = ("<!-- page-status:start -->", "<!-- page-status:end -->")
+"""Where the README holds its generated table of every page: fresh or stale, its seeds, the claims it judges."""
 
 
 @dataclass(frozen=True)
@@ -230,6 +234,47 @@ def chapter_block(root: Path, chapter: str, rows_by_page: dict[str, list[dict]] 
     return f"{PAGE_MARKERS[0]}\n" + "\n".join(lines) + f"\n{PAGE_MARKERS[1]}"
 
 
+def _page_title(notebook: Path) -> str:
+    """The first level-1 heading of a notebook, without the ``#``."""
+    for cell in json.loads(notebook.read_text()).get("cells", []):
+        if cell.get("cell_type") == "markdown":
+            match = re.search(r"^# (.+)$", "".join(cell["source"]), re.M)
+            if match:
+                return match.group(1).strip()
+    return notebook.stem
+
+
+def _seeds_cell(parameters: dict) -> str:
+    seeds = parameters.get("seeds")
+    if isinstance(seeds, list) and seeds:
+        return f"{len(seeds)} ({', '.join(str(s) for s in seeds)})"
+    return "—"
+
+
+def status_block(root: Path, rows_by_page: dict[str, list[dict]] | None = None) -> str:
+    """The README's table of every page in the book's order: fresh (executed from the store by the current code) or
+    stale and why (:func:`subfl_book.pipeline.status`, against the store :func:`subfl_book.store.store_root` names),
+    the seeds of the outputs it shows, and how many claims it judges — between :data:`STATUS_MARKERS`."""
+    rows_by_page = page_rows(root) if rows_by_page is None else rows_by_page
+    order = {page: i for i, page in enumerate(re.findall(r"file:\s*(book/[\w-]+/[\w-]+)", (root / "_toc.yml").read_text()))}
+    states = sorted(status("cpu", root=root), key=lambda s: order.get(
+        f"book/{Path(s.notebook).parent.name}/{Path(s.notebook).stem}", len(order)))
+    fresh = sum(s.state == "fresh" for s in states)
+    lines = [f"{fresh} of {len(states)} pages are fresh; the stale ones show their earlier outputs under a "
+             "notice that says why.", "",
+             "| chapter | page | state | seeds of the outputs shown | claims judged |", "|---|---|---|---|---|"]
+    for s in states:
+        source = root / s.notebook
+        executed = root / "book" / source.parent.name / source.name
+        meta = json.loads(executed.read_text()).get("metadata", {}).get("subfl", {}) if executed.exists() else {}
+        page = f"book/{source.parent.name}/{source.stem}"
+        judged = len({row["claim"] for row in rows_by_page.get(page, [])})
+        state = "fresh" if s.state == "fresh" else f"{s.state}: {s.reason}"
+        lines.append(f"| {source.parent.name} | {_cell(_page_title(source))} | {_cell(state)} | "
+                     f"{_seeds_cell(meta.get('parameters') or {})} | {judged or '—'} |")
+    return f"{STATUS_MARKERS[0]}\n" + "\n".join(lines) + f"\n{STATUS_MARKERS[1]}"
+
+
 def targets(root: Path) -> dict[Path, str]:
     """Every generated file and the text it must hold."""
     block = counts_block(root)
@@ -238,6 +283,8 @@ def targets(root: Path) -> dict[Path, str]:
         path = root / rel
         out[path] = replace_block(path.read_text(), block, rel)
     rows_by_page = page_rows(root)
+    readme = root / "README.md"
+    out[readme] = replace_block(out[readme], status_block(root, rows_by_page), "README.md", STATUS_MARKERS)
     for paper in PAPERS:
         path = root / "book" / paper / "index.md"
         out[path] = replace_block(path.read_text(), chapter_block(root, paper, rows_by_page), str(path),

@@ -41,7 +41,8 @@ def test_statements_are_not_copied_from_the_paper(paper):
     assert copied == []
 
 
-def test_scorecard_page_intro_and_readme_are_generated_from_the_register_and_pages():
+def test_scorecard_page_intro_and_readme_are_generated_from_the_register_and_pages(monkeypatch):
+    monkeypatch.setenv("SUBFL_STORE_DIR", str(checkout_root() / "store"))   # the README's page states: the committed store
     stale = scorecard_page.out_of_date(checkout_root())
     assert stale == [], f"regenerate with `subfl-book --scorecard`: {[p.name for p in stale]}"
 
@@ -100,3 +101,24 @@ def test_a_claim_judged_against_another_shows_the_papers_values_of_that_comparis
     own = statuses["t1-prism"].claim.paper_label()
     assert scorecard_page._paper_cell(statuses["t1-prism"]) == f"{own} (judged as PriSM vs OrthDrop: 82.6 vs 78.4 (+4.2))"
     assert scorecard_page._paper_cell(statuses["t4-svd"]) == statuses["t4-svd"].claim.paper_label()
+
+
+def test_readme_page_table_follows_the_toc_and_reads_each_executed_copy(tmp_path, monkeypatch):
+    import json
+
+    from subfl_book.pipeline import NotebookState
+    (tmp_path / "_toc.yml").write_text("- file: book/ch/b\n- file: book/ch/a\n")
+    for name, title, seeds in (("a", "Page A", [0, 1, 2]), ("b", "Page B", None)):
+        cells = [{"cell_type": "markdown", "metadata": {}, "source": [f"# {title}\n", "text"]}]
+        for folder in ("notebooks", "book"):
+            (tmp_path / folder / "ch").mkdir(parents=True, exist_ok=True)
+            meta = {"subfl": {"parameters": {} if seeds is None else {"seeds": seeds}}} if folder == "book" else {}
+            (tmp_path / folder / "ch" / f"{name}.ipynb").write_text(json.dumps({"cells": cells, "metadata": meta}))
+    monkeypatch.setattr(scorecard_page, "status", lambda scale, root: [
+        NotebookState("notebooks/ch/a.ipynb", "fresh", "executed"),
+        NotebookState("notebooks/ch/b.ipynb", "stale", "notebook or its parameters changed")])
+    rows = {"book/ch/a": [{"claim": "x"}, {"claim": "x"}, {"claim": "y"}]}
+    lines = scorecard_page.status_block(tmp_path, rows).splitlines()
+    assert lines[1].startswith("1 of 2 pages are fresh")
+    assert lines[-3:-1] == ["| ch | Page B | stale: notebook or its parameters changed | — | — |",
+                            "| ch | Page A | fresh | 3 (0, 1, 2) | 2 |"]
