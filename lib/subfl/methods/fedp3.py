@@ -58,7 +58,8 @@ One round (Algorithm 1 of the paper):
    keep the server's value. Option ``aggregation``, with ``S`` the clients that trained the unit and ``m_k`` the
    number of units client ``k`` trained (FFC included):
 
-   * ``"simple"`` — ``θ = (1/|S|) Σ_{k∈S} θ_k`` (the paper's default);
+   * ``"simple"`` — ``θ = (1/|S|) Σ_{k∈S} θ_k`` (the library's default; the paper names no default: simple averaging
+     is the first of the three options of its Alg. 3, line 3);
    * ``"weighted"`` — ``θ = Σ_k m_k θ_k / Σ_k m_k`` (clients that trained more layers weigh more; the authors' code
      divides by ``|S|`` instead of ``Σ m_k``, which does not sum to 1 — we normalise);
    * ``"attention"`` — ``θ = Σ_k a_k θ_k`` with ``a = softmax_k(log π_k + s_k / τ)``: prior ``π`` (option
