@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from . import design_page
 from .claims import NOT_RUN_REASONS, PAPERS, Claim, Register, load_register
 from .pipeline import status
 from .verdict import STATUSES
@@ -276,13 +277,16 @@ def status_block(root: Path, rows_by_page: dict[str, list[dict]] | None = None) 
 
 
 def targets(root: Path) -> dict[Path, str]:
-    """Every generated file and the text it must hold."""
+    """Every generated file and the text it must hold: the Scorecard page, the status counts of the intro and the
+    README, the README's table of pages, each chapter index's table and the design appendix's table of methods."""
     block = counts_block(root)
     out = {root / "book" / "scorecard.md": render(root)}
     for rel in ("book/intro.md", "README.md"):
         path = root / rel
         out[path] = replace_block(path.read_text(), block, rel)
     rows_by_page = page_rows(root)
+    design = design_page.design_path(root)
+    out[design] = replace_block(design.read_text(), design_page.methods_block(), str(design), design_page.MARKERS)
     readme = root / "README.md"
     out[readme] = replace_block(out[readme], status_block(root, rows_by_page), "README.md", STATUS_MARKERS)
     for paper in PAPERS:
