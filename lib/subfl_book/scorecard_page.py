@@ -15,7 +15,7 @@ from typing import Iterable
 
 from . import design_page
 from .claims import NOT_RUN_REASONS, PAPERS, Claim, Register, load_register
-from .pipeline import status
+from .pipeline import executed_path, status
 from .verdict import STATUSES
 
 PAPER_NAMES = {"spectral": "Spectral model sharding (Korzhenkov & Louizos, NeurIPS 2024)",
@@ -209,10 +209,14 @@ def replace_block(text: str, block: str, where: str, markers: tuple[str, str] = 
     return pattern.sub(lambda _: block, text, count=1)
 
 
+def _toc_files(root: Path) -> list[str]:
+    """Every page of ``_toc.yml`` in the book's order (``book/<chapter>/<page>``)."""
+    return re.findall(r"file:\s*(book/[\w-]+/[\w-]+)", (root / "_toc.yml").read_text())
+
+
 def _toc_pages(root: Path, chapter: str) -> list[str]:
     """The pages of ``chapter`` in the order of ``_toc.yml`` (``book/<chapter>/<page>``, the index left out)."""
-    found = re.findall(rf"file:\s*(book/{re.escape(chapter)}/[\w-]+)", (root / "_toc.yml").read_text())
-    return [f for f in found if not f.endswith("/index")]
+    return [f for f in _toc_files(root) if f.startswith(f"book/{chapter}/") and not f.endswith("/index")]
 
 
 def chapter_block(root: Path, chapter: str, rows_by_page: dict[str, list[dict]] | None = None) -> str:
@@ -257,7 +261,7 @@ def status_block(root: Path, rows_by_page: dict[str, list[dict]] | None = None) 
     stale and why (:func:`subfl_book.pipeline.status`, against the store :func:`subfl_book.store.store_root` names),
     the seeds of the outputs it shows, and how many claims it judges — between :data:`STATUS_MARKERS`."""
     rows_by_page = page_rows(root) if rows_by_page is None else rows_by_page
-    order = {page: i for i, page in enumerate(re.findall(r"file:\s*(book/[\w-]+/[\w-]+)", (root / "_toc.yml").read_text()))}
+    order = {page: i for i, page in enumerate(_toc_files(root))}
     states = sorted(status("cpu", root=root), key=lambda s: order.get(
         f"book/{Path(s.notebook).parent.name}/{Path(s.notebook).stem}", len(order)))
     fresh = sum(s.state == "fresh" for s in states)
@@ -266,7 +270,7 @@ def status_block(root: Path, rows_by_page: dict[str, list[dict]] | None = None) 
              "| chapter | page | state | seeds of the outputs shown | claims judged |", "|---|---|---|---|---|"]
     for s in states:
         source = root / s.notebook
-        executed = root / "book" / source.parent.name / source.name
+        executed = executed_path(source, root)
         meta = json.loads(executed.read_text()).get("metadata", {}).get("subfl", {}) if executed.exists() else {}
         page = f"book/{source.parent.name}/{source.stem}"
         judged = len({row["claim"] for row in rows_by_page.get(page, [])})
