@@ -34,6 +34,7 @@ from subfl.experiments.config import ExperimentConfig
 from subfl.experiments.presets import SCALES
 
 from .measured import MEASURED_LOG_ENV, file_changed, measurement_changed
+from .page_code import code_changes, page_code
 from .recorded import RECORDED_LOG_ENV, RESULTS_DIR
 from .scorecard import PAGE_NAME_ENV, SCORECARD_LOG_ENV, read_rows
 from .store import (BOOK_THREADS, RUNS_LOG_ENV, book_key, checkout_root, key_to_read, record_path, recorded_enough,
@@ -108,6 +109,11 @@ def _digest(data: bytes | str) -> str:
     return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()[:16]
 
 
+def _page_source_code(source: Path) -> str:
+    """The code cells of ``source``, one after another (what :mod:`subfl_book.page_code` follows imports from)."""
+    return "\n\n".join(text for kind, text in _notebook_cells(source) if kind == "code")
+
+
 def page_fingerprint(source: Path, parameters: dict[str, Any]) -> str:
     """Hash of the notebook's cells and parameters."""
     return _digest(_notebook_blob(source, parameters))
@@ -144,9 +150,15 @@ def prose_differs(source: Path, executed: dict[str, Any]) -> bool:
     brings them over without executing anything."""
     body = _page_cells(executed.get("cells", []))
     ours = [(c["cell_type"], "".join(c["source"])) for c in body]
-    if ours != _notebook_cells(source):
+    if ours != _notebook_cells(source) or _run_card_differs(executed):
         return True
     return _display_of(body) != _display_of(json.loads(source.read_text())["cells"])
+
+
+def _run_card_differs(executed: dict[str, Any]) -> bool:
+    """Whether the executed copy's run card is not the one its metadata and the store give now (:func:`run_card`)."""
+    cards = [c for c in executed.get("cells", []) if RUN_CARD_TAG in c.get("metadata", {}).get("tags", [])]
+    return not cards or "".join(cards[0]["source"]) != run_card(executed.get("metadata", {}).get("subfl", {}))
 
 
 def _replace_copy(nb: Any, dst: Path) -> None:
@@ -161,9 +173,9 @@ def _replace_copy(nb: Any, dst: Path) -> None:
 def sync_prose(source: Path, root: Path | None = None) -> bool:
     """Copy the markdown of ``source`` into its executed copy, whose code cells must be the source's, one for one
     (``ValueError`` otherwise: that page needs executing), and each code cell's ``mystnb`` metadata (how MyST-NB
-    shows its outputs: a figure's caption, name and alt text). Neither changes what a page computes, so a fix to a
-    page's text, math, citations or captions reaches the book without re-running anything. Returns whether it
-    changed."""
+    shows its outputs: a figure's caption, name and alt text), and writes its run card again from its metadata and
+    the store (:func:`run_card`). None of these changes what a page computes, so a fix to a page's text, math,
+    citations, captions or run card reaches the book without re-running anything. Returns whether it changed."""
     import nbformat
 
     root = project_root() if root is None else root
@@ -183,6 +195,9 @@ def sync_prose(source: Path, root: Path | None = None) -> bool:
             else:
                 del executed_cell.metadata[DISPLAY_KEY]
             changed = True
+    if _run_card_differs(nb):   # the card is written from the metadata and the store: no execution needed
+        add_run_card(nb)
+        changed = True
     if changed:
         meta = nb.metadata["subfl"]
         meta["notebook_fingerprint"] = page_fingerprint(source, meta["parameters"])
@@ -223,6 +238,11 @@ def _staleness(source: Path, executed: dict[str, Any], scale: str) -> str | None
     changed = [r for r in runs if _current_key(r) != r["key"]]
     if changed:
         return f"{len(changed)} of its {len(runs)} runs changed key (a version they use moved, or a run of this environment was recorded)"
+    if "code" not in meta:
+        return "executed before pages recorded the code they ran"
+    moved = code_changes(meta["code"], _page_source_code(source), checkout_root() / "lib", str(source))
+    if moved:
+        return moved
     files = [r for r in meta.get("recorded") or [] if _recorded_changed(r)]
     if files:
         return f"recorded file {files[0]['file']} changed or is gone"
@@ -364,6 +384,7 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
         "recorded": recorded,
         "measured": measurements,
         "scorecard": scorecard,
+        "code": page_code(_page_source_code(source), scorecard, checkout_root() / "lib", str(source)),
         "machine": machine(),
         "wall_time_s": round(wall, 1),
         "executed_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

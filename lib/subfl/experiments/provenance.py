@@ -83,6 +83,27 @@ def run_versions(config) -> dict[str, int]:
     return dict(sorted(versions.items()))
 
 
+def library_versions() -> dict[str, int]:
+    """Every version the library declares: ``engine``, ``data``, ``pretraining``, ``method:<name>`` and
+    ``method:<name>.<option>`` for every registered method and behaviour-changing option, ``model:<name>``,
+    ``dataset:<name>`` and ``schedule:<name>``. What code outside a run computes with the versioned parts of the
+    library (a page's live numerical check of a sampler, say) depends on these, not on their source text."""
+    from ..data.datasets import DATASETS, dataset_version
+    from ..fl.training import SCHEDULE_VERSIONS
+    from ..methods import METHODS
+    from ..models import MODELS, model_spec
+    from ..pretraining import PRETRAINING_VERSION
+
+    versions = {"engine": ENGINE_VERSION, "data": DATA_VERSION, "pretraining": PRETRAINING_VERSION}
+    for name, cls in METHODS.items():
+        versions[f"method:{name}"] = cls.version
+        versions.update({f"method:{name}.{option}": v for option, v in cls.option_versions.items()})
+    versions.update({f"model:{name}": model_spec(name).version for name in MODELS})
+    versions.update({f"dataset:{name}": dataset_version(name) for name in DATASETS})
+    versions.update({f"schedule:{name}": v for name, v in SCHEDULE_VERSIONS.items()})
+    return dict(sorted(versions.items()))
+
+
 def environment_class(device: str = "cpu") -> dict[str, Any]:
     """What of the environment changes a run's floating-point history: torch ``major.minor``, the intra-op thread
     count and the device type."""
