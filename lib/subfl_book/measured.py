@@ -35,15 +35,23 @@ MEASURED_LOG_ENV = "SUBFL_PAGE_MEASURED"
 """Environment variable naming the JSON-lines file where :func:`measured` logs each measurement a page reads (set by
 :func:`subfl_book.pipeline.execute_notebook`: the page's run card names them, and the page is stale when one changes)."""
 
+ROUND_DECIMALS = 9
+"""Decimals a floating-point input array is rounded to before it is hashed into a measurement's key."""
+
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-_")
 
 
 def _canonical(value: Any) -> Any:
-    """A JSON-able stand-in for an input: an array by its dtype, shape and the sha256 of its bytes."""
+    """A JSON-able stand-in for an input: an array by its dtype, shape and the sha256 of its bytes (a floating-point
+    one rounded to :data:`ROUND_DECIMALS` decimals first)."""
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu().numpy()
     if isinstance(value, np.ndarray):
         data = np.ascontiguousarray(value)
+        if np.issubdtype(data.dtype, np.floating):
+            # to 9 decimals: an input computed on another CPU (an SVD of the same weights) differs in its last bits,
+            # which must not re-key the measurement
+            data = np.ascontiguousarray(np.round(data.astype(np.float64), ROUND_DECIMALS))
         return {"array": str(data.dtype), "shape": list(data.shape), "sha256": hashlib.sha256(data.tobytes()).hexdigest()}
     if isinstance(value, Mapping):
         return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}

@@ -354,7 +354,10 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
         # the kernel inherits these: the runs, recorded files and measurements the page reads, the scorecard rows it
         # judges, its name
         overrides = {RUNS_LOG_ENV: str(log), SCORECARD_LOG_ENV: str(card_log), PAGE_NAME_ENV: page,
-                     RECORDED_LOG_ENV: str(recorded_log), MEASURED_LOG_ENV: str(measured_log)}
+                     RECORDED_LOG_ENV: str(recorded_log), MEASURED_LOG_ENV: str(measured_log),
+                     # what the page computes live runs on the runs' thread count too (the run card states it;
+                     # a numerical check's last digits depend on it)
+                     "OMP_NUM_THREADS": str(BOOK_THREADS)}
         before = {k: os.environ.get(k) for k in overrides}
         os.environ.update(overrides)
         try:
