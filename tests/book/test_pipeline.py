@@ -413,7 +413,8 @@ def test_captions_and_alt_text_are_synced_into_the_executed_copy_without_executi
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.relative_to(ROOT / "notebooks").as_posix())
-def test_every_executed_copy_that_runs_its_sources_code_shows_its_sources_prose(source):
+def test_every_executed_copy_that_runs_its_sources_code_shows_its_sources_prose(source, monkeypatch):
+    monkeypatch.setenv("SUBFL_STORE_DIR", str(ROOT / "store"))  # the run card is written from the repository's runs
     executed = json.loads(book.executed_path(source, ROOT).read_text())
     if book._staleness(source, executed, "cpu") == "notebook or its parameters changed":
         pytest.skip("its code changed since it was executed: executing it brings the prose")
