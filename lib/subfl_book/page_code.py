@@ -99,8 +99,15 @@ def import_closure(code: str, lib: Path, where: str = "code") -> set[str]:
         seen.add(module)
         path = module_file(module, lib)
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        todo.extend(_imported(_parse(path.read_text(encoding="utf-8"), str(path)), package, lib) - seen)
+        todo.extend(_module_imports(path.read_text(encoding="utf-8"), str(path), package, lib) - seen)
     return seen
+
+
+@functools.lru_cache(maxsize=1024)
+def _module_imports(text: str, where: str, package: str, lib: Path) -> frozenset[str]:
+    """:func:`_imported` of a module's source, parsed once per text (the status of every page walks the same
+    modules)."""
+    return frozenset(_imported(_parse(text, where), package, lib))
 
 
 def _without_docstrings(tree: ast.AST) -> ast.AST:
