@@ -24,7 +24,7 @@ import pandas as pd
 from subfl.experiments.runner import RunResult
 
 from .claims import Claim, Register, load_register
-from .verdict import Band, Verdict, fmt, judge_best, judge_bound, judge_exact, judge_order, judge_trend
+from .verdict import Band, Verdict, fmt, fmt_deviation, judge_best, judge_bound, judge_exact, judge_order, judge_trend
 
 SCORECARD_LOG_ENV = "SUBFL_PAGE_SCORECARD"
 """The file the pipeline reads a page's scorecard rows from (one JSON object per line)."""
@@ -229,7 +229,7 @@ class Scorecard:
         sides over the cases tried, ``what``) within ``tolerance`` is ``exact``."""
         c = self._claim(claim)
         verdict = judge_exact(0.0, float(error), tolerance=tolerance)
-        self._add(c, verdict, statement=f"{c.statement} — {what}", paper="holds", ours=f"error {float(error):.2g}",
+        self._add(c, verdict, statement=f"{c.statement} — {what}", paper="holds", ours=f"error {fmt_deviation(float(error))}",
                   config=None, scale="analytic")
         return verdict
 

@@ -99,6 +99,19 @@ class Band:
         return f"{fmt(self.mean)} ± {fmt(self.sd, 2)} (n = {self.n})"
 
 
+ROUNDOFF_FLOOR = 1e-12
+"""Deviations below this are float64 roundoff: their digits depend on the CPU and the thread count, so a page
+shows them as "< 1e-12" and reads the same on any machine."""
+
+
+def fmt_deviation(value: float) -> str:
+    """A deviation or error for a scorecard cell: two significant digits, or ``< 1e-12`` below
+    :data:`ROUNDOFF_FLOOR` (0 stays 0)."""
+    if math.isfinite(value) and 0 < abs(value) < ROUNDOFF_FLOOR:
+        return f"< {ROUNDOFF_FLOOR:.0e}"
+    return f"{value:.2g}"
+
+
 def fmt(value: float, digits: int = 3) -> str:
     """A number for a scorecard cell: thousands separated from 10,000 on, else ``digits`` significant digits."""
     if not math.isfinite(value):
@@ -141,9 +154,11 @@ def judge_exact(paper: float, ours: float, *, tolerance: float | None = None) ->
         return Verdict("differs", "ours is not finite")
     gap = abs(ours - paper)
     why = "rounding" if tolerance is None else "tolerance"
+    shown = fmt_deviation(gap)
+    shown = f"|Δ| {shown}" if shown.startswith("<") else f"|Δ| = {shown}"
     if gap <= tol:
-        return Verdict("exact", f"|Δ| = {gap:.2g} ≤ {tol:.2g} ({why})")
-    return Verdict("differs", f"|Δ| = {gap:.2g} > {tol:.2g} ({why})")
+        return Verdict("exact", f"{shown} ≤ {tol:.2g} ({why})")
+    return Verdict("differs", f"{shown} > {tol:.2g} ({why})")
 
 
 def _scale_gate(scale: str) -> Verdict | None:

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from subfl_book.verdict import (MIN_SEEDS, STATUSES, Band, Verdict, judge_best, judge_bound, judge_exact,
+from subfl_book.verdict import (MIN_SEEDS, STATUSES, Band, Verdict, fmt_deviation, judge_best, judge_bound, judge_exact,
                                 judge_order, judge_trend, rounding_tolerance)
 
 
@@ -35,6 +35,17 @@ def test_exact_within_and_beyond_rounding():
     assert judge_exact(1.0, math.nan).status == "differs"
     with pytest.raises(ValueError, match="tolerance"):
         judge_exact(1.0, 1.0, tolerance=-1)
+
+
+def test_roundoff_deviations_read_the_same_on_any_machine():
+    # 2.8e-16 and 2.3e-15 are what one check gives on 1 and 2 threads: both are shown as float64 roundoff
+    assert judge_exact(0.0, 2.8e-16, tolerance=1e-6).reason == "|Δ| < 1e-12 ≤ 1e-06 (tolerance)"
+    assert judge_exact(0.0, 2.3e-15, tolerance=1e-6).reason == "|Δ| < 1e-12 ≤ 1e-06 (tolerance)"
+    assert judge_exact(0.0, 3.1e-11, tolerance=1e-6).reason == "|Δ| = 3.1e-11 ≤ 1e-06 (tolerance)"
+    assert judge_exact(0.0, 0.0, tolerance=1e-6).reason == "|Δ| = 0 ≤ 1e-06 (tolerance)"
+    assert judge_exact(57.93, 57.93 + 1e-14).reason == "|Δ| < 1e-12 ≤ 0.005 (rounding)"
+    assert judge_exact(0.0, 2e-13, tolerance=0).status == "differs"            # the floor changes the text, not the verdict
+    assert fmt_deviation(4.4e-07) == "4.4e-07" and fmt_deviation(math.nan) == "nan"
 
 
 def test_order_same_differs_and_overlap():
