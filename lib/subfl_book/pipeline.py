@@ -378,6 +378,7 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
     nb = nbformat.read(partial, as_version=4)
     fold_code(nb)
     drop_object_reprs(nb)
+    merge_streams(nb)
     nb.metadata["subfl"] = {
         "scale": scale,
         "parameters": parameters,
@@ -489,6 +490,25 @@ def drop_object_reprs(nb: Any) -> Any:
             if text is None or not _OBJECT_REPR.match(text.strip()):
                 kept.append(out)
         cell["outputs"] = kept
+    return nb
+
+
+def merge_streams(nb: Any) -> Any:
+    """Join each run of consecutive ``stream`` outputs of one name (stdout, stderr) into one output. How the kernel
+    chunks printed text depends on timing, so without this the same page executed twice can store its text in a
+    different number of outputs."""
+    for cell in nb.cells:
+        if cell.get("cell_type") != "code":
+            continue
+        merged: list[Any] = []
+        for out in cell.get("outputs", []):
+            last = merged[-1] if merged else None
+            if (out.get("output_type") == "stream" and last is not None and last.get("output_type") == "stream"
+                    and last.get("name") == out.get("name")):
+                last["text"] = "".join(last["text"]) + "".join(out["text"])
+            else:
+                merged.append(out)
+        cell["outputs"] = merged
     return nb
 
 

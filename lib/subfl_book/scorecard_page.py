@@ -147,7 +147,9 @@ def render(root: Path) -> str:
              "statuses come from the scorecards the executed pages record. Nothing here is typed by hand: "
              "`subfl-book --scorecard` regenerates this page.", "",
              "**The verdict rule** (`subfl_book.verdict`). *exact*: an analytic quantity equal to the paper's "
-             "within its rounding. Learned quantities are summarised per compared side by mean ± sd over seeds: "
+             "within its rounding, or an identity that holds within a stated tolerance; deviations below 1e-12 "
+             "(float64 roundoff, whose last digits depend on the CPU and the thread count) are shown as "
+             "\"< 1e-12\". Learned quantities are summarised per compared side by mean ± sd over seeds: "
              "*inconclusive* with fewer than 3 seeds on a side, when the bands overlap (a bound: when the band "
              "straddles the limit), or at the `ci` smoke-test scale; *near-chance* when every compared value closed "
              "less than 10 % of the gap from chance to a perfect score; otherwise *same* when the paper's ordering, "

@@ -353,6 +353,20 @@ def test_outputs_that_only_name_an_object_are_dropped():
     assert nb.cells[0].outputs == [styled, number, printed]
 
 
+def test_printed_text_is_one_output_however_the_kernel_chunked_it():
+    import nbformat
+    from subfl_book.pipeline import merge_streams
+    out = lambda name, text: nbformat.v4.new_output("stream", name=name, text=text)
+    shown = nbformat.v4.new_output("display_data", data={"text/plain": "x"})
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(1); print(2)")])
+    nb.cells[0].outputs = [out("stdout", "keep 0.4\n"), out("stdout", "keep 0.2\n"), out("stderr", "warn\n"), shown,
+                           out("stdout", "after\n")]
+    merge_streams(nb)
+    assert [(o.output_type, o.get("name"), o.get("text")) for o in nb.cells[0].outputs] == [
+        ("stream", "stdout", "keep 0.4\nkeep 0.2\n"), ("stream", "stderr", "warn\n"), ("display_data", None, None),
+        ("stream", "stdout", "after\n")]
+
+
 def test_a_prose_edit_keeps_the_page_fresh_and_is_synced_without_executing(executed_root):
     import nbformat
     source = executed_root / "notebooks" / "ch" / "b.ipynb"
