@@ -138,6 +138,9 @@ def measured(name: str, inputs: Mapping[str, Any], measure: Callable[[], Any], *
                   **_encode(result), "machine": facts,
                   "measured_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
         write_bytes_atomically(path, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+        # return what was written, as a later read gets it (keys in the file's order): a page executed while
+        # measuring shows what its re-execution from the store shows
+        record = json.loads(path.read_text(encoding="utf-8"))
     _log_read(path, record)
     return _decode(record)
 

@@ -80,3 +80,12 @@ def test_bad_names_inputs_and_results_are_refused(store):
     with pytest.raises(ValueError, match="only finite numbers"):
         m.measured("t", {}, lambda: {"s": float("nan")}, scale="cpu")
     assert not (store / "measured").exists() or not list((store / "measured").glob("*.json"))
+
+
+def test_measuring_and_reading_back_give_the_same_order(store):
+    # the record is written with sorted keys: the first call (which measures) must return what later reads return,
+    # or a page executed while measuring lists its rows in another order than its re-execution from the store
+    measure = lambda: {"CPS (calibration + draws)": 20.0, "Brewer": 26.4, "minimum support": 1.62}
+    first = m.measured("sampler-round-ms", {"clients": 10}, measure, scale="cpu")
+    again = m.measured("sampler-round-ms", {"clients": 10}, measure, scale="cpu")
+    assert list(first) == list(again) == ["Brewer", "CPS (calibration + draws)", "minimum support"]
