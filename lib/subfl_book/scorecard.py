@@ -229,8 +229,8 @@ class Scorecard:
         sides over the cases tried, ``what``) within ``tolerance`` is ``exact``."""
         c = self._claim(claim)
         verdict = judge_exact(0.0, float(error), tolerance=tolerance)
-        self._add(c, verdict, statement=f"{c.statement} — {what}", paper="holds", ours=f"error {fmt_deviation(float(error))}",
-                  config=None, scale="analytic")
+        self._add(c, verdict, statement=f"{c.statement} — {what}", paper="holds",
+                  ours=f"error {fmt_deviation(float(error))}", config=None, scale="analytic")
         return verdict
 
     def _trend(self, first: Claim, paper_values: Sequence[float], ours: Sequence[Any], *, chance, higher_is_better,

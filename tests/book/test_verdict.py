@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from subfl_book.verdict import (MIN_SEEDS, STATUSES, Band, Verdict, fmt_deviation, judge_best, judge_bound, judge_exact,
-                                judge_order, judge_trend, rounding_tolerance)
+from subfl_book.verdict import (MIN_SEEDS, STATUSES, Band, Verdict, fmt_deviation, judge_best, judge_bound,
+                                judge_exact, judge_order, judge_trend, rounding_tolerance)
 
 
 def test_band_mean_and_sample_sd():
