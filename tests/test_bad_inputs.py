@@ -305,6 +305,25 @@ def test_fedavg_keep_ratios_warn_through_the_api():
         make_config("prism", "digits", scale="ci", heterogeneity="0.2")
 
 
+def test_ignored_keep_ratios_follow_the_method_class_not_its_name():
+    from subfl.experiments.config import ignored_settings
+    from subfl.methods import METHODS, FedAvg
+
+    class FullModelOnly(FedAvg):
+        name = "full-model-only"
+
+    METHODS[FullModelOnly.name] = FullModelOnly
+    try:
+        with pytest.warns(ConfigWarning, match="'full-model-only'"):
+            config = _cfg().replace(method="full-model-only", heterogeneity="0.5:0.5,1.0:0.5")
+        assert [field for field, _ in ignored_settings(config)] == ["heterogeneity"]
+        assert "'full-model-only'" in ignored_settings(config)[0][1]
+        assert not ignored_settings(config.replace(method="prism"))
+    finally:
+        del METHODS[FullModelOnly.name]
+    assert [name for name, cls in METHODS.items() if not cls.uses_keep_ratios] == ["fedavg"]
+
+
 def test_every_field_has_a_rule():
     assert set(FIELD_RULES) == set(FIELDS)
 

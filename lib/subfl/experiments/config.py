@@ -209,14 +209,17 @@ class ConfigWarning(UserWarning):
 
 def ignored_settings(cfg: ExperimentConfig, setting: Heterogeneity | None = None) -> list[tuple[str, str]]:
     """``(field, message)`` for each field ``cfg`` sets that its run ignores, beyond those :func:`validate_config`
-    refuses: keep ratios below 1 for ``fedavg`` (it trains the full model on every client; the engine hands the
-    profiles only to the method). The API only warns (:class:`ConfigWarning`): the golden runs set one on purpose,
+    refuses: keep ratios below 1 for a method that does not use them (``Method.uses_keep_ratios`` false, e.g.
+    ``fedavg``, which trains the full model on every client; the engine hands the profiles only to the method). The API only warns (:class:`ConfigWarning`): the golden runs set one on purpose,
     to show that FedAvg's run does not depend on it; ``subfl run`` refuses them."""
+    from ..methods import METHODS
+
     setting = parse_heterogeneity(cfg.heterogeneity) if setting is None else setting
     out = []
-    if cfg.method == "fedavg" and any(level != 1.0 for level in setting.levels):
-        out.append(("heterogeneity", f"heterogeneity={cfg.heterogeneity!r} does not apply to method 'fedavg', which "
-                                     f"trains the full model on every client and ignores keep ratios; accepted: "
+    method = METHODS.get(cfg.method)
+    if method is not None and not method.uses_keep_ratios and any(level != 1.0 for level in setting.levels):
+        out.append(("heterogeneity", f"heterogeneity={cfg.heterogeneity!r} does not apply to method {cfg.method!r}, "
+                                     f"which trains the full model on every client and ignores keep ratios; accepted: "
                                      f"'1.0' (or a sub-model method)"))
     return out
 

@@ -102,6 +102,10 @@ class Method:
     option_versions: ClassVar[dict[str, int]] = {}
     """Versions of behaviour-changing options: a run that sets one away from its default carries its version too, so
     changing what ``factor_decay='frobenius'`` does re-keys only the runs that use it."""
+    uses_keep_ratios: ClassVar[bool] = True
+    """Whether the method reads the clients' keep ratios (``ServerContext.heterogeneity_levels`` and the profiles'
+    levels). A method that trains the full model on every client sets it to ``False``: a configuration that gives
+    it keep ratios below 1 is then reported as ignored (:func:`subfl.experiments.config.ignored_settings`)."""
 
     def __init__(self, **options: Any) -> None:
         unknown = sorted(set(options) - set(self.options))

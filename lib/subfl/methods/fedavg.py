@@ -20,6 +20,7 @@ class FedAvg(Method):
 
     name = "fedavg"
     options: dict = {}
+    uses_keep_ratios = False
 
     def init(self, ctx: ServerContext) -> ServerState:
         model = ctx.model_fn()
