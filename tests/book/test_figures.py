@@ -88,3 +88,32 @@ def test_grid_fits_the_column_and_returns_one_axes_per_panel():
 def test_install_outside_a_kernel_only_sets_the_style():
     assert figures.install() is False
     assert matplotlib.rcParams["svg.fonttype"] == "path"
+
+
+def _code_cells(path):
+    import json
+
+    return ["".join(c["source"]) for c in json.loads(path.read_text(encoding="utf-8"))["cells"]
+            if c["cell_type"] == "code"]
+
+
+def test_notebooks_take_method_colours_from_the_book_not_the_cycle():
+    """A method keeps one colour across the book: no notebook maps a method name to a colour of its own (a
+    ``{"prism": "C1"}`` literal), nor colours a method by its position in a loop (``color=f"C{i}"`` in a loop over
+    methods); both drift from :data:`subfl_book.figures.METHOD_COLORS` from one page to the next."""
+    import re
+    from pathlib import Path
+
+    names = "|".join(re.escape(m) for m in sorted(METHODS, key=len, reverse=True))
+    literal = re.compile(rf'"({names})"\s*:\s*"(C\d|k|#[0-9A-Fa-f]{{6}})"')
+    positional = re.compile(r"for i, (m|method|v|run) in enumerate\((\w*METHODS|methods|VARIANTS|rec\.runs)\b[^\n]*\n"
+                            r"(?:(?:\s+[^\n]*)\n)*?\s+[^\n]*color=f\"C\{i\}\"")
+    offenders = []
+    for path in sorted(Path(__file__).resolve().parents[2].joinpath("notebooks").glob("*/*.ipynb")):
+        for cell in _code_cells(path):
+            offenders += [f"{path.parent.name}/{path.stem}: {m.group(0)}" for m in literal.finditer(cell)]
+            offenders += [f"{path.parent.name}/{path.stem}: {m.group(0).splitlines()[0]}"
+                          for m in positional.finditer(cell)]
+    assert not offenders, offenders
+    assert literal.search('COLORS = {"fedavg": "k", "prism": "C1"}')
+    assert positional.search('for i, m in enumerate(methods):\n    ax.plot(x, y, color=f"C{i}")\n')
