@@ -16,7 +16,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +82,6 @@ class SimulationResult:
     def finished(self) -> bool:
         """True when the run reached its last round or stopped because it diverged."""
         return self.diverged_at is not None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def progress_enabled(progress: bool | None) -> bool:
