@@ -28,21 +28,39 @@ METHOD_NAMES = {"caff": "CAFF", "hetlora": "HetLoRA", "fedhm": "FedHM", "depthfl
                 "heterofl-ft": "HeteroFL", "fjord-ft": "FjORD", "fedrolex-ft": "FedRolex"}
 """The paper's names of the methods of Tables 1–2."""
 
-_FORMS = {"caff": "F_{l}^{s}", "hetlora": "F_{l} LoRA r={s}", "fedhm": "F_{l} ρ={s}", "depthfl": "F_{l} d={s}"}
+_SUBSCRIPT = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
+_SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def model_name(layers: int, trained: int | None = None) -> str:
+    """The paper's name of a pretrained depth, F_l, or of layer finetuning F_l^t, as text: ``model_name(3, 1)`` is
+    "F₃¹" (Unicode sub- and superscript digits, readable in table cells and plot labels where math is not set)."""
+    name = "F" + str(int(layers)).translate(_SUBSCRIPT)
+    return name if trained is None else name + str(int(trained)).translate(_SUPERSCRIPT)
+
+
+_FORMS = {"hetlora": "{model} LoRA r={s}", "fedhm": "{model} ρ={s}", "depthfl": "{model} d={s}"}
 
 
 def plan_labels(plan: pd.DataFrame) -> list[str]:
-    """What each plan row trains, as text: ``F_9^1`` (CAFF), ``F_6 LoRA r=24``, ``F_3 ρ=0.5`` (FedHM), ``F_9 d=2``
-    (DepthFL), ``F_9 s=0.25`` (width slicing); a Table 2 plan (columns ``weak`` / ``strong``) writes both groups'
-    settings as ``weak/strong``. ``†`` marks a model other than CAFF's, ``"—"`` a row where nothing fits."""
+    """What each plan row trains, as text (:func:`model_name`): ``F₉¹`` (CAFF, the last layer of F_9), ``F₆ LoRA r=24``,
+    ``F₃ ρ=0.5`` (FedHM), ``F₉ d=2`` (DepthFL), ``F₉ s=0.25`` (width slicing); a Table 2 plan (columns ``weak`` /
+    ``strong``) writes both groups' settings, weak first: ``F₆³/F₆⁶`` for CAFF, ``F₆ d=3/6`` otherwise. ``†`` marks a
+    model other than CAFF's, ``"—"`` a row where nothing fits."""
     two_groups = "weak" in plan.columns
     labels = []
     for row in plan.itertuples():
         if row.mark == "—":
             labels.append("—")
             continue
-        setting = f"{row.weak:g}/{row.strong:g}" if two_groups else f"{row.setting:g}"
-        labels.append(_FORMS.get(row.method, "F_{l} s={s}").format(l=int(row.layers), s=setting) + row.mark)
+        layers = int(row.layers)
+        if row.method == "caff":
+            trained = (row.weak, row.strong) if two_groups else (row.setting,)
+            label = "/".join(model_name(layers, int(t)) for t in trained)
+        else:
+            setting = f"{row.weak:g}/{row.strong:g}" if two_groups else f"{row.setting:g}"
+            label = _FORMS.get(row.method, "{model} s={s}").format(model=model_name(layers), s=setting)
+        labels.append(label + row.mark)
     return labels
 
 
@@ -216,5 +234,5 @@ def group_class_shares(config: ExperimentConfig, *, weak_groups: Sequence[str] =
                         index=pd.Index(list(dataset.class_names), name="class"))
 
 
-__all__ = ["METHOD_NAMES", "ROUND_METRIC", "WIDTH_METHODS", "caff_against_baselines", "evaluated_model",
+__all__ = ["METHOD_NAMES", "ROUND_METRIC", "WIDTH_METHODS", "caff_against_baselines", "evaluated_model", "model_name",
            "group_class_shares", "plan_labels", "table1_results", "table2_results"]

@@ -49,10 +49,11 @@ def _plan1():
 
 
 def test_plan_labels_name_model_setting_and_mark():
-    assert caff_results.plan_labels(_plan1()) == ["F_9^1", "—", "F_3 ρ=0.5†", "F_9 s=0.25"]
+    assert caff_results.plan_labels(_plan1()) == ["F₉¹", "—", "F₃ ρ=0.5†", "F₉ s=0.25"]
     plan2 = pd.DataFrame([{"method": "depthfl", "layers": 6.0, "weak": 1.0, "strong": 3.0, "mark": ""},
-                          {"method": "hetlora", "layers": 3.0, "weak": 12.0, "strong": 24.0, "mark": "†"}])
-    assert caff_results.plan_labels(plan2) == ["F_6 d=1/3", "F_3 LoRA r=12/24†"]
+                          {"method": "hetlora", "layers": 3.0, "weak": 12.0, "strong": 24.0, "mark": "†"},
+                          {"method": "caff", "layers": 6.0, "weak": 3.0, "strong": 6.0, "mark": ""}])
+    assert caff_results.plan_labels(plan2) == ["F₆ d=1/3", "F₃ LoRA r=12/24†", "F₆³/F₆⁶"]
 
 
 def test_table1_results_seed_mean_sd_and_plan_check():

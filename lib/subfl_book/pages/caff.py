@@ -17,6 +17,7 @@ import pandas as pd
 from subfl.experiments.config import ExperimentConfig
 from subfl.experiments.runner import RunResult
 from subfl_book.analysis import group_members
+from subfl_book.caff_results import model_name  # noqa: F401  (the pages import it from here too)
 from subfl_book.scorecard import seed_percent  # noqa: F401  (the pages import it from here too)
 
 Values = Mapping[tuple, Sequence[float]]
@@ -159,16 +160,6 @@ def layer_key(layers: int, trained: int) -> FinetuningKey:
     """The Fig. 1 key of layer finetuning F_l^t: the last ``trained`` blocks of F_``layers``."""
     return (int(layers), "freeze", int(trained), 0)
 
-
-_SUBSCRIPT = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
-_SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
-
-
-def model_name(layers: int, trained: int | None = None) -> str:
-    """The paper's name of a pretrained depth, F_l, or of layer finetuning F_l^t, as text: ``model_name(3, 1)`` is
-    "F₃¹" (Unicode sub- and superscript digits, readable in table cells and plot labels where math is not set)."""
-    name = "F" + str(int(layers)).translate(_SUBSCRIPT)
-    return name if trained is None else name + str(int(trained)).translate(_SUPERSCRIPT)
 
 
 def finetuning_name(key: FinetuningKey) -> str:
