@@ -234,5 +234,5 @@ def group_class_shares(config: ExperimentConfig, *, weak_groups: Sequence[str] =
                         index=pd.Index(list(dataset.class_names), name="class"))
 
 
-__all__ = ["METHOD_NAMES", "ROUND_METRIC", "WIDTH_METHODS", "caff_against_baselines", "evaluated_model", "model_name",
-           "group_class_shares", "plan_labels", "table1_results", "table2_results"]
+__all__ = ["METHOD_NAMES", "ROUND_METRIC", "WIDTH_METHODS", "caff_against_baselines", "evaluated_model",
+           "model_name", "group_class_shares", "plan_labels", "table1_results", "table2_results"]

@@ -20,7 +20,8 @@ ROWS: dict[str, tuple[str, str]] = {
                                "OrigDrop, a baseline of {cite:t}`niu2023prism`"),
     "subfl.methods.splitmix": ("K narrow atoms trained from their own initialisations, evaluated as an ensemble",
                                "{cite:t}`hong2022splitmix`, a baseline of {cite:t}`niu2023prism`"),
-    "subfl.methods.spectral": ("SVD terms of every decomposed layer: top-n, PriSM's $p \\propto \\lambda^\\kappa$, Wallenius, the "
+    "subfl.methods.spectral": ("SVD terms of every decomposed layer: top-n, PriSM's "
+                               "$p \\propto \\lambda^\\kappa$, Wallenius, the "
                                "Unbiased and Collective designs, Schatten norms, the clipped learning rate",
                                "{cite:t}`niu2023prism`; {cite:t}`korzhenkov2024spectral`"),
     "subfl.methods.prism_memory": ("PriSM's terms, and only some output rows of each decomposed layer (leading or "

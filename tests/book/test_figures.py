@@ -106,14 +106,30 @@ def test_notebooks_take_method_colours_from_the_book_not_the_cycle():
 
     names = "|".join(re.escape(m) for m in sorted(METHODS, key=len, reverse=True))
     literal = re.compile(rf'"({names})"\s*:\s*"(C\d|k|#[0-9A-Fa-f]{{6}})"')
-    positional = re.compile(r"for i, (m|method|v|run) in enumerate\((\w*METHODS|methods|VARIANTS|rec\.runs)\b[^\n]*\n"
-                            r"(?:(?:\s+[^\n]*)\n)*?\s+[^\n]*color=f\"C\{i\}\"")
+    loop = re.compile(r"^(\s*)for i, (m|method|v|run) in enumerate\((\w*METHODS|methods|VARIANTS|rec\.runs)\b")
+
+    def positional(cell: str) -> list[str]:
+        """Loops over methods whose body colours by the loop index."""
+        lines, found = cell.splitlines(), []
+        for k, line in enumerate(lines):
+            head = loop.match(line)
+            if not head:
+                continue
+            body = []
+            for inner in lines[k + 1:]:
+                if inner.strip() and len(inner) - len(inner.lstrip()) <= len(head.group(1)):
+                    break
+                body.append(inner)
+            if any('color=f"C{i}"' in inner for inner in body):
+                found.append(line.strip())
+        return found
+
     offenders = []
     for path in sorted(Path(__file__).resolve().parents[2].joinpath("notebooks").glob("*/*.ipynb")):
         for cell in _code_cells(path):
             offenders += [f"{path.parent.name}/{path.stem}: {m.group(0)}" for m in literal.finditer(cell)]
-            offenders += [f"{path.parent.name}/{path.stem}: {m.group(0).splitlines()[0]}"
-                          for m in positional.finditer(cell)]
+            offenders += [f"{path.parent.name}/{path.stem}: {line}" for line in positional(cell)]
     assert not offenders, offenders
     assert literal.search('COLORS = {"fedavg": "k", "prism": "C1"}')
-    assert positional.search('for i, m in enumerate(methods):\n    ax.plot(x, y, color=f"C{i}")\n')
+    assert positional('for i, m in enumerate(methods):\n    ax.plot(x, y, color=f"C{i}")\n')
+    assert not positional('for i, m in enumerate(methods):\n    ax.plot(x, y)\nax.plot(x, color=f"C{i}")\n')

@@ -210,8 +210,9 @@ class ConfigWarning(UserWarning):
 def ignored_settings(cfg: ExperimentConfig, setting: Heterogeneity | None = None) -> list[tuple[str, str]]:
     """``(field, message)`` for each field ``cfg`` sets that its run ignores, beyond those :func:`validate_config`
     refuses: keep ratios below 1 for a method that does not use them (``Method.uses_keep_ratios`` false, e.g.
-    ``fedavg``, which trains the full model on every client; the engine hands the profiles only to the method). The API only warns (:class:`ConfigWarning`): the golden runs set one on purpose,
-    to show that FedAvg's run does not depend on it; ``subfl run`` refuses them."""
+    ``fedavg``, which trains the full model on every client; the engine hands the profiles only to the method). The
+    API only warns (:class:`ConfigWarning`): the golden runs set one on purpose, to show that FedAvg's run does not
+    depend on it; ``subfl run`` refuses them."""
     from ..methods import METHODS
 
     setting = parse_heterogeneity(cfg.heterogeneity) if setting is None else setting
