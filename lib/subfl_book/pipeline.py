@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import datetime as _dt
+import functools
 import hashlib
 import json
 import os
@@ -220,6 +221,48 @@ def _current_key(run: dict[str, Any]) -> str | None:
     return key_to_read(config, same_environment=run.get("same_environment", False)) or book_key(config)
 
 
+def _file_stamp(path: Path) -> tuple[int, int] | None:
+    """``(modification time in ns, size)`` of ``path`` (``None``: no such file): what this module's caches of stored
+    records are keyed on, so that a record written again is read again."""
+    try:
+        status = path.stat()
+    except FileNotFoundError:
+        return None
+    return status.st_mtime_ns, status.st_size
+
+
+@functools.lru_cache(maxsize=8192)
+def _digest_of(key: str, path: Path, stamp: tuple[int, int]) -> str | None:
+    return stored_digest(key)
+
+
+def _current_digest(key: str) -> str | None:
+    """:func:`subfl_book.store.stored_digest` of run ``key``, cached per process on its record file's stamp (the
+    status of every page asks for each run it read)."""
+    path = record_path(key)
+    stamp = _file_stamp(path)
+    return None if stamp is None else _digest_of(key, path, stamp)
+
+
+@functools.lru_cache(maxsize=8192)
+def _facts_of(path: Path, stamp: tuple[int, int]) -> str:
+    import gzip
+    record = json.loads(gzip.decompress(path.read_bytes()))
+    summary = record.get("summary", {})
+    return json.dumps({"summary": {k: summary[k] for k in ("wall_time_s", "dataset_notes", "environment")
+                                   if k in summary},
+                       "hardware": record.get("hardware", {})})
+
+
+def _record_facts(key: str) -> dict[str, Any]:
+    """How run ``key`` was computed, not what: ``{"summary": {wall_time_s, dataset_notes, environment},
+    "hardware": ...}`` from its stored record (``{}``: not in the store), for the run card; cached per process on the
+    record file's stamp."""
+    path = record_path(key)
+    stamp = _file_stamp(path)
+    return {} if stamp is None else json.loads(_facts_of(path, stamp))
+
+
 def _staleness(source: Path, executed: dict[str, Any], scale: str) -> str | None:
     """Why the executed copy (its notebook JSON) is stale at ``scale``, or None when it is fresh. Only what the page
     computes counts: its code cells, its parameters and its runs; other prose is brought over by
@@ -254,7 +297,7 @@ def _staleness(source: Path, executed: dict[str, Any], scale: str) -> str | None
         return f"{len(missing)} of its {len(runs)} runs are not in the store"
     if any("record_sha256" not in r for r in runs):
         return "executed before pages recorded the sha256 of the records they read"
-    recomputed = [r for r in runs if stored_digest(r["key"]) != r["record_sha256"]]
+    recomputed = [r for r in runs if _current_digest(r["key"]) != r["record_sha256"]]
     if recomputed:
         return (f"{len(recomputed)} of its {len(runs)} runs were recorded again with other results (the same key "
                 f"computed anew, e.g. on a CPU whose kernels round differently)")
@@ -402,12 +445,6 @@ def execute_notebook(source: Path, scale: str = "cpu", root: Path | None = None)
 RUN_CARD_TAG = "run-card"
 
 
-def _record(key: str) -> dict[str, Any]:
-    import gzip
-    path = record_path(key)
-    return json.loads(gzip.decompress(path.read_bytes())) if path.exists() else {}
-
-
 def _environment_label(record: dict[str, Any]) -> str:
     env = record["summary"]["environment"]
     accelerator = record.get("hardware", {}).get("accelerator")
@@ -428,7 +465,7 @@ def run_card(meta: dict[str, Any]) -> str:
     from collections import Counter
 
     runs = meta.get("runs") or []
-    records = [_record(r["key"]) for r in runs]
+    records = [_record_facts(r["key"]) for r in runs]
     summaries = [r.get("summary", {}) for r in records]
     seeds = sorted({r["config"].get("seed", 0) for r in runs})
     datasets = sorted({r["config"].get("dataset") for r in runs if r["config"].get("dataset")})
