@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ast
 import datetime as _dt
-import functools
+import gzip
 import hashlib
 import json
 import os
@@ -39,7 +39,7 @@ from .page_code import code_changes, page_code
 from .recorded import RECORDED_LOG_ENV, RESULTS_DIR
 from .scorecard import PAGE_NAME_ENV, SCORECARD_LOG_ENV, read_rows
 from .store import (BOOK_THREADS, RUNS_LOG_ENV, book_key, checkout_root, key_to_read, record_path, recorded_enough,
-                    store_root, stored_digest)
+                    record_digest, store_root)
 
 
 def project_root() -> Path:
@@ -221,46 +221,47 @@ def _current_key(run: dict[str, Any]) -> str | None:
     return key_to_read(config, same_environment=run.get("same_environment", False)) or book_key(config)
 
 
-def _file_stamp(path: Path) -> tuple[int, int] | None:
-    """``(modification time in ns, size)`` of ``path`` (``None``: no such file): what this module's caches of stored
-    records are keyed on, so that a record written again is read again."""
+_DIGESTS: dict[str, str] = {}   # sha256 of a stored record file's bytes -> record_digest of the record
+_FACTS: dict[str, str] = {}     # sha256 of a stored record file's bytes -> the run card's facts (JSON)
+
+
+def _read_stored(key: str) -> tuple[str, bytes] | None:
+    """``(sha256 of the bytes, bytes)`` of run ``key``'s stored record file (``None``: not in the store)."""
     try:
-        status = path.stat()
+        data = record_path(key).read_bytes()
     except FileNotFoundError:
         return None
-    return status.st_mtime_ns, status.st_size
-
-
-@functools.lru_cache(maxsize=8192)
-def _digest_of(key: str, path: Path, stamp: tuple[int, int]) -> str | None:
-    return stored_digest(key)
+    return hashlib.sha256(data).hexdigest(), data
 
 
 def _current_digest(key: str) -> str | None:
-    """:func:`subfl_book.store.stored_digest` of run ``key``, cached per process on its record file's stamp (the
-    status of every page asks for each run it read)."""
-    path = record_path(key)
-    stamp = _file_stamp(path)
-    return None if stamp is None else _digest_of(key, path, stamp)
-
-
-@functools.lru_cache(maxsize=8192)
-def _facts_of(path: Path, stamp: tuple[int, int]) -> str:
-    import gzip
-    record = json.loads(gzip.decompress(path.read_bytes()))
-    summary = record.get("summary", {})
-    return json.dumps({"summary": {k: summary[k] for k in ("wall_time_s", "dataset_notes", "environment")
-                                   if k in summary},
-                       "hardware": record.get("hardware", {})})
+    """:func:`subfl_book.store.record_digest` of run ``key``'s stored record (``None``: not in the store). The status
+    of every page asks for each run it read, so the digest is kept per process under the hash of the file's bytes
+    (hashing the compressed file costs far less than parsing it; a record written again is parsed again)."""
+    stored = _read_stored(key)
+    if stored is None:
+        return None
+    sha, data = stored
+    if sha not in _DIGESTS:
+        _DIGESTS[sha] = record_digest(json.loads(gzip.decompress(data)))
+    return _DIGESTS[sha]
 
 
 def _record_facts(key: str) -> dict[str, Any]:
     """How run ``key`` was computed, not what: ``{"summary": {wall_time_s, dataset_notes, environment},
-    "hardware": ...}`` from its stored record (``{}``: not in the store), for the run card; cached per process on the
-    record file's stamp."""
-    path = record_path(key)
-    stamp = _file_stamp(path)
-    return {} if stamp is None else json.loads(_facts_of(path, stamp))
+    "hardware": ...}`` from its stored record (``{}``: not in the store), for the run card; kept per process as
+    :func:`_current_digest` keeps digests."""
+    stored = _read_stored(key)
+    if stored is None:
+        return {}
+    sha, data = stored
+    if sha not in _FACTS:
+        record = json.loads(gzip.decompress(data))
+        summary = record.get("summary", {})
+        _FACTS[sha] = json.dumps({"summary": {k: summary[k] for k in ("wall_time_s", "dataset_notes", "environment")
+                                              if k in summary},
+                                  "hardware": record.get("hardware", {})})
+    return json.loads(_FACTS[sha])
 
 
 def _staleness(source: Path, executed: dict[str, Any], scale: str) -> str | None:
