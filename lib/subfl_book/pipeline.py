@@ -221,47 +221,39 @@ def _current_key(run: dict[str, Any]) -> str | None:
     return key_to_read(config, same_environment=run.get("same_environment", False)) or book_key(config)
 
 
-_DIGESTS: dict[str, str] = {}   # sha256 of a stored record file's bytes -> record_digest of the record
-_FACTS: dict[str, str] = {}     # sha256 of a stored record file's bytes -> the run card's facts (JSON)
+_SEEN: dict[str, tuple[str, str]] = {}
+"""sha256 of a stored record file's bytes -> (record_digest of the record, the run card's facts as JSON)."""
 
 
-def _read_stored(key: str) -> tuple[str, bytes] | None:
-    """``(sha256 of the bytes, bytes)`` of run ``key``'s stored record file (``None``: not in the store)."""
+def _stored_facts(key: str) -> tuple[str, str] | None:
+    """``(record_digest, run-card facts as JSON)`` of run ``key``'s stored record (``None``: not in the store). The
+    status of every page asks for each run it read, so both are kept per process under the hash of the file's bytes:
+    hashing the compressed file costs far less than parsing it, and a record written again is parsed again."""
     try:
         data = record_path(key).read_bytes()
     except FileNotFoundError:
         return None
-    return hashlib.sha256(data).hexdigest(), data
+    sha = hashlib.sha256(data).hexdigest()
+    if sha not in _SEEN:
+        record = json.loads(gzip.decompress(data))
+        summary = record.get("summary", {})
+        facts = {"summary": {k: summary[k] for k in ("wall_time_s", "dataset_notes", "environment") if k in summary},
+                 "hardware": record.get("hardware", {})}
+        _SEEN[sha] = record_digest(record), json.dumps(facts)
+    return _SEEN[sha]
 
 
 def _current_digest(key: str) -> str | None:
-    """:func:`subfl_book.store.record_digest` of run ``key``'s stored record (``None``: not in the store). The status
-    of every page asks for each run it read, so the digest is kept per process under the hash of the file's bytes
-    (hashing the compressed file costs far less than parsing it; a record written again is parsed again)."""
-    stored = _read_stored(key)
-    if stored is None:
-        return None
-    sha, data = stored
-    if sha not in _DIGESTS:
-        _DIGESTS[sha] = record_digest(json.loads(gzip.decompress(data)))
-    return _DIGESTS[sha]
+    """:func:`subfl_book.store.record_digest` of run ``key``'s stored record (``None``: not in the store)."""
+    stored = _stored_facts(key)
+    return None if stored is None else stored[0]
 
 
 def _record_facts(key: str) -> dict[str, Any]:
     """How run ``key`` was computed, not what: ``{"summary": {wall_time_s, dataset_notes, environment},
-    "hardware": ...}`` from its stored record (``{}``: not in the store), for the run card; kept per process as
-    :func:`_current_digest` keeps digests."""
-    stored = _read_stored(key)
-    if stored is None:
-        return {}
-    sha, data = stored
-    if sha not in _FACTS:
-        record = json.loads(gzip.decompress(data))
-        summary = record.get("summary", {})
-        _FACTS[sha] = json.dumps({"summary": {k: summary[k] for k in ("wall_time_s", "dataset_notes", "environment")
-                                              if k in summary},
-                                  "hardware": record.get("hardware", {})})
-    return json.loads(_FACTS[sha])
+    "hardware": ...}`` from its stored record (``{}``: not in the store), for the run card."""
+    stored = _stored_facts(key)
+    return {} if stored is None else json.loads(stored[1])
 
 
 def _staleness(source: Path, executed: dict[str, Any], scale: str) -> str | None:
