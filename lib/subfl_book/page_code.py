@@ -138,8 +138,9 @@ def module_digests(code: str, lib: Path, where: str = "code") -> dict[str, str]:
 
 
 def claim_digests(claim_keys: Iterable[str], *, missing_ok: bool = False) -> dict[str, str | None]:
-    """``{"<paper>:<id>": digest}`` of register entries, each with its paper's settings (``None`` for an entry no
-    longer in the register when ``missing_ok``; ``KeyError`` otherwise)."""
+    """``{"<paper>:<id>": digest}`` of register entries, each with the setting it names (what a scorecard row reads
+    of the register: the claim, and the setting its departures are named against; another setting's edit changes
+    no digest). ``None`` for an entry no longer in the register when ``missing_ok``; ``KeyError`` otherwise."""
     from .claims import load_register
 
     out: dict[str, str | None] = {}
@@ -154,7 +155,7 @@ def claim_digests(claim_keys: Iterable[str], *, missing_ok: bool = False) -> dic
                 raise
             out[key] = None
             continue
-        blob = {"claim": asdict(claim), "settings": register.settings}
+        blob = {"claim": asdict(claim), "setting": register.settings.get(claim.setting) if claim.setting else None}
         out[key] = hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return out
 

@@ -102,6 +102,21 @@ def test_a_corrected_register_entry_stales_the_pages_that_judge_it(lib, monkeypa
     assert "prism:abs-up-to-10-points" in page_code.code_changes(recorded, PAGE, lib)
 
 
+def test_a_setting_edit_stales_only_the_claims_that_name_it(monkeypatch):
+    register = claims.load_register("prism")
+    central = [c.id for c in register.claims if c.setting == "cifar10-vgg11-central"]
+    others = [c.id for c in register.claims if c.setting not in (None, "cifar10-vgg11-central")][:5]
+    unset = [c.id for c in register.claims if c.setting is None][:3]
+    assert len(central) >= 2 and len(others) == 5 and len(unset) == 3
+    keys = [f"prism:{i}" for i in central + others + unset]
+    before = page_code.claim_digests(keys)
+    settings = {**register.settings, "cifar10-vgg11-central": {**register.settings["cifar10-vgg11-central"],
+                                                               "rounds": 7}}
+    monkeypatch.setattr(claims, "load_register", lambda paper: dataclasses.replace(register, settings=settings))
+    after = page_code.claim_digests(keys)
+    assert sorted(k for k in keys if before[k] != after[k]) == sorted(f"prism:{i}" for i in central)
+
+
 def test_unparsable_code_is_an_error_naming_where():
     with pytest.raises(ValueError, match="notebooks/x.ipynb: cannot parse"):
         page_code.import_closure("def (:\n", ROOT / "lib", "notebooks/x.ipynb")

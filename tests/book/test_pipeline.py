@@ -29,6 +29,20 @@ def test_notebook_is_papermill_ready_and_thin(source):
     assert ".style." not in code, "show a formatted table with subfl_book.tables.show(frame, formats=...)"
 
 
+def test_no_prose_line_starts_with_a_percent_sign():
+    """MyST reads a line that starts with ``%`` as a comment and drops it from the page (a wrapped "in\\n%):" lost
+    its words on two pages); such a line must be re-wrapped."""
+    found = []
+    for source in SOURCES:
+        for i, cell in enumerate(json.loads(source.read_text())["cells"]):
+            if cell["cell_type"] == "markdown":
+                found += [f"{source.name} cell {i}: {line[:40]!r}" for line in "".join(cell["source"]).split("\n")
+                          if line.lstrip().startswith("%")]
+    for page in (ROOT / "book").rglob("*.md"):
+        found += [f"{page.name}: {line[:40]!r}" for line in page.read_text().split("\n") if line.lstrip().startswith("%")]
+    assert not found, found
+
+
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.relative_to(ROOT / "notebooks").as_posix())
 def test_a_page_with_a_scorecard_opens_with_it(source):
     """The scorecard's placeholder is the first code cell after the parameters: nothing a page computes or shows
