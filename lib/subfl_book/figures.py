@@ -212,11 +212,31 @@ _FORMAT = "svg"
 _PRINT_KWARGS = {"bbox_inches": "tight", "metadata": {"Date": None}}
 
 
+SVG_DECIMALS = 3
+"""Decimals an SVG coordinate keeps (:func:`coarse_svg`): 0.001 px, far below what a screen shows."""
+
+_LONG_DECIMAL = re.compile(r"(?<![\w.])-?\d+\.\d{%d}\d+" % SVG_DECIMALS)
+
+
+def coarse_svg(svg: str) -> str:
+    """``svg`` with every number of more than :data:`SVG_DECIMALS` decimals rounded to that many.
+
+    Matplotlib writes coordinates to 6 decimals (10⁻⁶ px). A figure of values computed live on the page (the
+    singular values of a layer) moves at that digit from one CPU to another, as float rounding moves the layout
+    (a legend's box at y = 20.798437 on one processor, 20.798438 on another), so the page's committed copy would
+    differ from its re-execution elsewhere. At 10⁻³ px such a move needs a million times larger a difference."""
+    def rounded(match: re.Match) -> str:
+        text = f"{float(match.group(0)):.{SVG_DECIMALS}f}".rstrip("0").rstrip(".")
+        return "0" if text == "-0" else text
+
+    return _LONG_DECIMAL.sub(rounded, svg)
+
+
 def _show_svg(fig):
     from IPython.core.pylabtools import print_figure
 
     fit_to_column(fig)
-    return print_figure(fig, fmt=_FORMAT, **_PRINT_KWARGS)
+    return coarse_svg(print_figure(fig, fmt=_FORMAT, **_PRINT_KWARGS))
 
 
 def _register(shell) -> None:

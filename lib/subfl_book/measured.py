@@ -1,12 +1,14 @@
-"""Timings a page shows, measured once and recorded in the run store.
+"""Results a page shows that depend on the machine, measured once and recorded in the run store.
 
 A wall-clock measurement (how long an SVD refresh or a sampler's round takes) depends on the machine and on its load,
-so a page that measured it each time it ran would show new numbers, and could reach a new verdict, at every execution.
-:func:`measured` instead keys a measurement on its name and its inputs, reads it from the store when it is there
-(``store/measured/<name>-<key>.json``), and otherwise measures it now and records it, with the machine, the torch
-version and thread count and the date. Executing the page again reads the same numbers; its run card names the machine
-they were measured on. To measure again, delete the file. ``ci``-scale measurements (smoke tests) go to the work
-folder's ``ci-store/measured`` instead, as ``ci``-scale runs do (:func:`subfl_book.store.root_for`).
+and the end point of a generic numerical optimiser (SLSQP from random starts) on the CPU's rounding, which steers its
+iterates: a page that computed them each time it ran would show new numbers, and could reach a new verdict, at every
+execution and on every machine. :func:`measured` instead keys such a result on its name and its inputs, reads it from
+the store when it is there (``store/measured/<name>-<key>.json``), and otherwise measures it now and records it, with
+the machine, the torch version and thread count and the date. Executing the page again reads the same numbers; its
+run card names the machine they were measured on. To measure again, delete the file. ``ci``-scale measurements (smoke
+tests) go to the work folder's ``ci-store/measured`` instead, as ``ci``-scale runs do
+(:func:`subfl_book.store.root_for`).
 
 >>> seconds = measured("svd-refresh", {"model": "resnet18", "width": 1.0}, lambda: {"exact": 1.2}, scale="cpu")  # doctest: +SKIP
 """
@@ -88,16 +90,21 @@ def _encode(result: Any) -> dict[str, Any]:
         if not all(isinstance(c, str) for c in result.columns):
             raise TypeError("a measured table needs string column names")
         return {"table": {"columns": list(result.columns),
-                          "rows": [[_plain(v) for v in row] for row in result.itertuples(index=False)]}}
+                          "rows": [[_plain(v, missing_ok=True) for v in row] for row in result.itertuples(index=False)]}}
     if isinstance(result, Mapping):
         return {"values": {str(k): _plain(v) for k, v in result.items()}}
     raise TypeError(f"a measurement must return a pandas DataFrame or a mapping of numbers, got {type(result).__name__}")
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: Any, missing_ok: bool = False) -> Any:
+    """A JSON value for one number or string of a result; a table's missing cell (NaN) is recorded as null with
+    ``missing_ok`` (read back as NaN)."""
     value = value.item() if isinstance(value, np.generic) else value
+    if missing_ok and isinstance(value, float) and math.isnan(value):
+        return None
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"a measurement returned {value!r}; only finite numbers are recorded")
+        raise ValueError(f"a measurement returned {value!r}; only finite numbers are recorded (and NaN as a "
+                         f"table's missing cell)")
     if value is not None and not isinstance(value, (bool, int, float, str)):
         raise TypeError(f"a measurement's values must be numbers or strings, got {type(value).__name__}")
     return value
@@ -122,7 +129,7 @@ def measured(name: str, inputs: Mapping[str, Any], measure: Callable[[], Any], *
 
     ``name``: lower-case letters, digits, ``-`` and ``_``. ``inputs``: everything the measurement depends on (numbers,
     strings, arrays — an array counts by its bytes); two calls with the same name and inputs share one record.
-    ``measure``: returns a DataFrame (string columns; numbers or strings in its cells) or a mapping of numbers."""
+    ``measure``: returns a DataFrame (string columns; numbers, strings or NaN in its cells) or a mapping of numbers."""
     from .store import book_threads
 
     if not name or set(name) - _NAME_CHARS:

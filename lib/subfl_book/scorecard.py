@@ -24,7 +24,7 @@ import pandas as pd
 from subfl.experiments.runner import RunResult
 
 from .claims import Claim, Register, load_register
-from .verdict import Band, Verdict, fmt, fmt_deviation, judge_best, judge_bound, judge_exact, judge_order, judge_trend
+from .verdict import Band, Verdict, fmt, fmt_deviation, fmt_residue, judge_best, judge_bound, judge_exact, judge_order, judge_trend
 
 SCORECARD_LOG_ENV = "SUBFL_PAGE_SCORECARD"
 """The file the pipeline reads a page's scorecard rows from (one JSON object per line)."""
@@ -224,13 +224,16 @@ class Scorecard:
                   ours=fmt(float(ours), 4), config=None, scale="analytic")
         return verdict
 
-    def identity(self, claim: str, error: float, *, tolerance: float, what: str) -> Verdict:
+    def identity(self, claim: str, error: float, *, tolerance: float, what: str, residue: bool = False) -> Verdict:
         """An equation or proposition checked numerically: ``error`` (e.g. the largest deviation between its two
-        sides over the cases tried, ``what``) within ``tolerance`` is ``exact``."""
+        sides over the cases tried, ``what``) within ``tolerance`` is ``exact``. ``residue``: ``error`` is float
+        rounding computed live on the page, shown by its bound (:func:`~subfl_book.verdict.fmt_residue`: its digits
+        depend on the CPU); otherwise (a count, a Monte-Carlo error, a gap of definitions) as it is."""
         c = self._claim(claim)
-        verdict = judge_exact(0.0, float(error), tolerance=tolerance)
-        self._add(c, verdict, statement=f"{c.statement} — {what}", paper="holds",
-                  ours=f"error {fmt_deviation(float(error))}", config=None, scale="analytic")
+        verdict = judge_exact(0.0, float(error), tolerance=tolerance, residue=residue)
+        shown = fmt_residue(float(error), tolerance) if residue else fmt_deviation(float(error))
+        self._add(c, verdict, statement=f"{c.statement} — {what}", paper="holds", ours=f"error {shown}", config=None,
+                  scale="analytic")
         return verdict
 
     def _trend(self, first: Claim, paper_values: Sequence[float], ours: Sequence[Any], *, chance, higher_is_better,

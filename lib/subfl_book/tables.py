@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -207,20 +208,48 @@ def frame_html(frame: pd.DataFrame) -> str:
     return "\n".join(_html(part) for part in fit_to_column(_readable(frame)))
 
 
-def formatted(frame: pd.DataFrame, formats: str | dict | None) -> pd.DataFrame:
+def formatted(frame: pd.DataFrame, formats: str | Callable[[Any], str] | dict | None) -> pd.DataFrame:
     """``frame`` with the columns named in ``formats`` written as text: ``{column: "{:,}"}`` (a format string per
-    column), or one format string for every numeric column; a missing value becomes "—". Unknown columns raise."""
+    column, or a function of the value such as :func:`residue`), or one format for every numeric column; a missing
+    value becomes "—", and a value that rounds to zero is written without a sign ("0.00%", not "-0.00%": a float
+    residue of either sign, whose sign depends on the CPU's rounding). Unknown columns raise."""
     if formats is None:
         return frame
-    if isinstance(formats, str):
+    if isinstance(formats, str) or callable(formats):
         formats = {c: formats for c in frame.columns if pd.api.types.is_numeric_dtype(frame[c])}
     unknown = [c for c in formats if c not in frame.columns]
     if unknown:
         raise KeyError(f"formats names columns the frame does not have: {unknown}; columns: {list(frame.columns)}")
     out = frame.copy()
     for column, spec in formats.items():
-        out[column] = [MISSING if pd.isna(v) else spec.format(v) for v in frame[column]]
+        write = spec if callable(spec) else spec.format
+        out[column] = [MISSING if pd.isna(v) else _unsigned_zero(write(v)) for v in frame[column]]
     return out
+
+
+_SIGNED_ZERO = re.compile(r"[+-](0(?:\.0*)?(?:e[+-]?\d+)?%?)")
+
+
+def _unsigned_zero(text: str) -> str:
+    """``text`` without the sign of a zero: "-0.00%" and "+0.00%" → "0.00%", "-0.0" → "0.0"."""
+    match = _SIGNED_ZERO.fullmatch(text)
+    return match.group(1) if match else text
+
+
+def residue(tolerance: float, above: str = "{:.2g}") -> Callable[[float], str]:
+    """A column format for residues of a check computed live on the page, against ``tolerance``
+    (:func:`subfl_book.verdict.fmt_residue`): "< 1e-12", "≤ 1e-05", or — above the tolerance, where the check fails
+    or the column holds a real quantity beside residues — the value written with ``above``. A residue's digits are
+    the CPU's rounding noise, so a table that printed them would read differently on every machine."""
+    from .verdict import fmt_residue
+
+    if tolerance < 0:
+        raise ValueError(f"tolerance={tolerance!r} is not valid; accepted: a number >= 0")
+
+    def write(value: float) -> str:
+        value = float(value)
+        return above.format(value) if math.isfinite(value) and abs(value) > tolerance else fmt_residue(value, tolerance)
+    return write
 
 
 def table_html(frame: pd.DataFrame, caption: str | None = None, precision: int | None = None,

@@ -112,6 +112,26 @@ def fmt_deviation(value: float) -> str:
     return f"{value:.2g}"
 
 
+def fmt_residue(value: float, tolerance: float) -> str:
+    """A residue of a numerical check computed live on the page (``value``, checked against ``tolerance``), as a
+    reader can compare it across machines: ``< 1e-12`` below :data:`ROUNDOFF_FLOOR` (zero included), ``≤ tolerance``
+    within the tolerance, else its value to two significant digits (a failed check shows what it missed by).
+
+    Why not the digits: a residue's digits are rounding noise that depends on the CPU's kernels (a float32 check
+    gave 4.4e-07 on one processor and 1.7e-06 on another), so a page that printed them would read differently on
+    every machine; whether the check holds, and to which precision, does not. With ``tolerance=0`` (an integer
+    identity: ranks, counts) the value is exact and shown as it is."""
+    if tolerance < 0:
+        raise ValueError(f"tolerance={tolerance!r} is not valid; accepted: a number >= 0")
+    if not math.isfinite(value) or tolerance == 0:
+        return fmt_deviation(value)
+    if abs(value) < min(ROUNDOFF_FLOOR, tolerance):
+        return f"< {ROUNDOFF_FLOOR:.0e}"
+    if abs(value) <= tolerance:
+        return f"≤ {tolerance:.2g}"
+    return f"{value:.2g}"
+
+
 def fmt(value: float, digits: int = 3) -> str:
     """A number for a scorecard cell: thousands separated from 10,000 on, else ``digits`` significant digits."""
     if not math.isfinite(value):
@@ -145,8 +165,10 @@ def rounding_tolerance(printed: float | int | str) -> float:
     return 0.5 * 10.0 ** int(exponent)
 
 
-def judge_exact(paper: float, ours: float, *, tolerance: float | None = None) -> Verdict:
-    """An analytic quantity against the paper's printed value."""
+def judge_exact(paper: float, ours: float, *, tolerance: float | None = None, residue: bool = False) -> Verdict:
+    """An analytic quantity against the paper's printed value, within half a unit of its last printed digit, or
+    within ``tolerance``. With ``residue`` (a float residue computed live, e.g. the two sides of an identity) the gap
+    is shown by :func:`fmt_residue` — its bound, not its CPU-dependent digits; otherwise as it is."""
     tol = rounding_tolerance(paper) if tolerance is None else tolerance
     if tol < 0:
         raise ValueError(f"tolerance={tolerance!r} is not valid; accepted: a number >= 0")
@@ -154,10 +176,10 @@ def judge_exact(paper: float, ours: float, *, tolerance: float | None = None) ->
         return Verdict("differs", "ours is not finite")
     gap = abs(ours - paper)
     why = "rounding" if tolerance is None else "tolerance"
-    shown = fmt_deviation(gap)
-    shown = f"|Δ| {shown}" if shown.startswith("<") else f"|Δ| = {shown}"
+    shown = fmt_residue(gap, tol) if residue else fmt_deviation(gap)
+    shown = f"|Δ| {shown}" if shown[0] in "<≤" else f"|Δ| = {shown}"
     if gap <= tol:
-        return Verdict("exact", f"{shown} ≤ {tol:.2g} ({why})")
+        return Verdict("exact", f"{shown} ({why})" if "≤" in shown else f"{shown} ≤ {tol:.2g} ({why})")
     return Verdict("differs", f"{shown} > {tol:.2g} ({why})")
 
 

@@ -1,4 +1,4 @@
-"""Timings measured once and recorded: read back unchanged, keyed on their inputs, logged for the run card."""
+"""Machine-dependent results (timings, an optimiser's end point) measured once and recorded: read back unchanged, keyed on their inputs, logged for the run card."""
 import json
 
 import numpy as np
@@ -80,6 +80,17 @@ def test_bad_names_inputs_and_results_are_refused(store):
     with pytest.raises(ValueError, match="only finite numbers"):
         m.measured("t", {}, lambda: {"s": float("nan")}, scale="cpu")
     assert not (store / "measured").exists() or not list((store / "measured").glob("*.json"))
+
+
+def test_a_table_with_missing_cells_round_trips(store):
+    # an optimiser's table: a failed solve has no objective (NaN), which is recorded as null and read back as NaN
+    measure = lambda: pd.DataFrame({"p": [4, 16], "converged": [True, False], "excess": [1e-9, float("nan")]})
+    first = m.measured("schatten-slsqp", {"p": [4, 16]}, measure, scale="cpu")
+    again = m.measured("schatten-slsqp", {"p": [4, 16]}, measure, scale="cpu")
+    pd.testing.assert_frame_equal(first, again)
+    assert first.excess.isna().tolist() == [False, True] and first.converged.tolist() == [True, False]
+    with pytest.raises(ValueError, match="only finite numbers"):
+        m.measured("t", {}, lambda: pd.DataFrame({"x": [float("inf")]}), scale="cpu")
 
 
 def test_measuring_and_reading_back_give_the_same_order(store):

@@ -160,3 +160,19 @@ def test_a_cards_inline_math_is_typeset_not_shown_raw():
     # the math becomes MyST's inline-math span (MathJax typesets its class), the rest is escaped text
     assert r'<span class="math notranslate nohighlight">\(E_t = -\sum_{i\le t} \lambda_i^2 &lt; 0\)</span>' in html
     assert "$" not in html and "&lt;always&gt;" in html
+
+
+def test_an_identitys_live_residue_reads_the_same_on_any_cpu_and_a_deterministic_gap_keeps_its_digits():
+    # Eq. 3's float32 output error of one page: 1.7e-06 on one processor, 1.4e-06 on another
+    here, there = card(), card()
+    here.identity("sec4-gap", 1.7e-06, tolerance=1e-5, what="float32", residue=True)
+    there.identity("sec4-gap", 1.4e-06, tolerance=1e-5, what="float32", residue=True)
+    assert here.rows[0].ours == there.rows[0].ours == "error ≤ 1e-05"
+    assert here.rows[0].reason == there.rows[0].reason == "|Δ| ≤ 1e-05 (tolerance)"
+    assert here.rows[0].status == "exact"
+    gap = card()
+    gap.identity("sec4-gap", 0.8, tolerance=1.0, what="n − r·N")      # a gap of definitions, not rounding
+    assert gap.rows[0].ours == "error 0.8" and gap.rows[0].reason == "|Δ| = 0.8 ≤ 1 (tolerance)"
+    missed = card()
+    assert missed.identity("sec4-gap", 2.3, tolerance=1e-6, what="x", residue=True).status == "differs"
+    assert missed.rows[0].ours == "error 2.3"

@@ -114,6 +114,34 @@ def test_formats_write_named_columns_and_refuse_unknown_ones():
     assert "11,173,962" in table_html(frame, formats={"params": "{:,.0f}"})
 
 
+def test_a_residue_column_shows_its_bound_so_it_reads_the_same_on_any_cpu():
+    import pytest
+
+    from subfl_book.tables import formatted, residue
+
+    # the Eq. 3 output errors of two layers on two CPUs (6.3e-07 / 7.0e-07, 5.3e-07 / 1.2e-06): one text for both
+    here = pd.DataFrame({"error": [6.3e-07, 5.3e-07, 2e-16, None, 3e-4]})
+    there = pd.DataFrame({"error": [7.0e-07, 1.2e-06, 0.0, None, 3e-4]})
+    assert list(formatted(here, {"error": residue(1e-5)})["error"]) == \
+        list(formatted(there, {"error": residue(1e-5)})["error"]) == ["≤ 1e-05", "≤ 1e-05", "< 1e-12", MISSING, "0.0003"]
+    with pytest.raises(ValueError, match="tolerance"):
+        residue(-1)
+
+
+def test_a_zero_is_written_without_the_sign_its_rounding_residue_had():
+    from subfl_book.tables import formatted, residue
+
+    # Algorithm 2's excess over the optimum: +2e-16 on one CPU, -1e-16 on another, 5.3 % where it is real
+    frame = pd.DataFrame({"excess": [2e-16, -1e-16, 0.053, -0.002], "gap": [-1e-17, 1e-17, 0.0, -3e-3]})
+    shown = formatted(frame, {"excess": "{:+.2%}", "gap": "{:.1f}"})
+    assert list(shown["excess"]) == ["0.00%", "0.00%", "+5.30%", "-0.20%"]
+    assert list(shown["gap"]) == ["0.0", "0.0", "0.0", "0.0"]
+    # one function for every numeric column: real values keep their digits, residues their bound
+    mixed = pd.DataFrame({"bias": [5.47e-13, 1.03e-10, 0.0385], "n": [2, 3, 4], "name": ["a", "b", "c"]})
+    shown = formatted(mixed, residue(1e-8, above="{:.3g}"))
+    assert list(shown["bias"]) == ["< 1e-12", "≤ 1e-08", "0.0385"] and list(shown["n"]) == ["2", "3", "4"]
+
+
 def test_a_long_cell_is_shown_whole_not_cut_at_fifty_characters():
     text = "R1 0.125 S_full per block, R2 0.25 T_full, input layer and head dense (" + "x " * 40 + ")"
     html = frame_html(pd.DataFrame({"what": [text], "n": [1]}))

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from subfl_book.verdict import (MIN_SEEDS, STATUSES, Band, Verdict, fmt_deviation, judge_best, judge_bound,
+from subfl_book.verdict import (MIN_SEEDS, STATUSES, Band, Verdict, fmt_deviation, fmt_residue, judge_best, judge_bound,
                                 judge_exact, judge_order, judge_trend, rounding_tolerance)
 
 
@@ -41,11 +41,33 @@ def test_roundoff_deviations_read_the_same_on_any_machine():
     # 2.8e-16 and 2.3e-15 are what one check gives on 1 and 2 threads: both are shown as float64 roundoff
     assert judge_exact(0.0, 2.8e-16, tolerance=1e-6).reason == "|Δ| < 1e-12 ≤ 1e-06 (tolerance)"
     assert judge_exact(0.0, 2.3e-15, tolerance=1e-6).reason == "|Δ| < 1e-12 ≤ 1e-06 (tolerance)"
-    assert judge_exact(0.0, 3.1e-11, tolerance=1e-6).reason == "|Δ| = 3.1e-11 ≤ 1e-06 (tolerance)"
-    assert judge_exact(0.0, 0.0, tolerance=1e-6).reason == "|Δ| = 0 ≤ 1e-06 (tolerance)"
+    assert judge_exact(0.0, 0.0, tolerance=1e-6).reason == "|Δ| = 0 ≤ 1e-06 (tolerance)"    # a deterministic zero
+    assert judge_exact(0.0, 0.0, tolerance=1e-6, residue=True).reason == "|Δ| < 1e-12 ≤ 1e-06 (tolerance)"  # 1e-17 there
     assert judge_exact(57.93, 57.93 + 1e-14).reason == "|Δ| < 1e-12 ≤ 0.005 (rounding)"
     assert judge_exact(0.0, 2e-13, tolerance=0).status == "differs"            # the floor changes the text, not the verdict
+    assert judge_exact(0.0, 2e-13, tolerance=0).reason == "|Δ| < 1e-12 > 0 (tolerance)"
     assert fmt_deviation(4.4e-07) == "4.4e-07" and fmt_deviation(math.nan) == "nan"
+
+
+def test_live_residues_show_their_bound_not_their_digits():
+    # one float32 identity of the PriSM costs page gave 4.4e-07 on one CPU and 1.7e-06 on another: both read the same
+    assert judge_exact(0.0, 4.4e-07, tolerance=1e-5, residue=True).reason == \
+        judge_exact(0.0, 1.7e-06, tolerance=1e-5, residue=True).reason == "|Δ| ≤ 1e-05 (tolerance)"
+    assert judge_exact(0.0, 3.1e-11, tolerance=1e-6, residue=True).reason == "|Δ| ≤ 1e-06 (tolerance)"
+    # a failed check shows what it missed by
+    assert judge_exact(0.0, 2.3, tolerance=1e-6, residue=True) == Verdict("differs", "|Δ| = 2.3 > 1e-06 (tolerance)")
+    assert judge_exact(0.0, -2e-5, tolerance=1e-5, residue=True).status == "differs"
+    # a deterministic gap within a tolerance (a Monte-Carlo error, n − r·N) keeps its digits
+    assert judge_exact(0.0, 0.8, tolerance=1.0).reason == "|Δ| = 0.8 ≤ 1 (tolerance)"
+    assert judge_exact(0.0, 3.1e-11, tolerance=1e-6).reason == "|Δ| = 3.1e-11 ≤ 1e-06 (tolerance)"
+    # the printed-digit path keeps the difference: a value against a paper's number is not a residue
+    assert judge_exact(3.27, 3.273).reason == "|Δ| = 0.003 ≤ 0.005 (rounding)"
+    assert [fmt_residue(v, 1e-5) for v in (0.0, 3e-16, 4.4e-07, 1e-5, 2.2e-5, -3e-5, math.inf)] == \
+        ["< 1e-12", "< 1e-12", "≤ 1e-05", "≤ 1e-05", "2.2e-05", "-3e-05", "inf"]
+    assert [fmt_residue(v, 0) for v in (0, 2, 2e-13)] == ["0", "2", "< 1e-12"]   # integer identities are exact
+    assert fmt_residue(5e-13, 1e-13) == "5e-13"        # above a tolerance finer than the floor: a miss, with its digits
+    with pytest.raises(ValueError, match="tolerance"):
+        fmt_residue(1.0, -1.0)
 
 
 def test_order_same_differs_and_overlap():
