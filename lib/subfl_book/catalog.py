@@ -78,6 +78,19 @@ _FLANC_PAPER_MODEL = {"cifar10": "resnet18"}
 _FLANC_DATASET_SPLITS = {"fmnist": ("iid", "classes"), "cifar10": ("iid", "classes"), "shakespeare": ("roles", "iid")}
 
 
+_FLANC_PAPER_SETTINGS = {"fmnist": "fmnist-cnn", "cifar10": "cifar10-resnet18", "shakespeare": "shakespeare-rnn"}
+
+
+def flanc_paper_setting(dataset: str, setting: str = "static") -> str:
+    """The FLANC register's setting (``book/claims/flanc.yml``) of the experiment that our runs of ``dataset`` under
+    capacity ``setting`` ("static" or "dynamic") repeat: a scorecard row names its departures against it
+    (:meth:`subfl_book.scorecard.Scorecard.defaults`)."""
+    if dataset not in _FLANC_PAPER_SETTINGS:
+        raise ValueError(f"dataset={dataset!r} has no FLANC setting; accepted: {', '.join(_FLANC_PAPER_SETTINGS)}")
+    if setting not in ("static", "dynamic"):
+        raise ValueError(f"setting={setting!r} is not one of the paper's capacity settings; accepted: static, dynamic")
+    return f"{_FLANC_PAPER_SETTINGS[dataset]}-{setting}"
+
 def flanc_config(method: str, setting: str = "static", partition: str = "iid", *, dataset: str = "fmnist",
                  scale: str = "cpu", seed: int = 0, lr: float | None = None, **method_options) -> ExperimentConfig:
     """One run of the FLANC chapter: ``method`` under capacity ``setting`` (:data:`FLANC_SETTINGS`) on split
@@ -895,6 +908,18 @@ merged: 26 classes, standing in for the paper's EMNIST-L) the paper's EMNIST-L M
 
 FEDP3_NUM_CLASSES = {"fmnist": 10, "cifar10": 10, "femnist": 26}
 """Classes of each dataset as the FedP3 chapter loads it (FEMNIST: 26 case-merged letters)."""
+
+FEDP3_PAPER_SETTINGS = {"fmnist": "fmnist-cnn", "cifar10": "cifar10-cnn", "femnist": "emnistl-mlp"}
+"""The FedP3 register's setting (``book/claims/fedp3.yml``) of the experiment each of our datasets repeats
+(FEMNIST's letters stand in for EMNIST-L): a scorecard row names its departures against it
+(:meth:`subfl_book.scorecard.Scorecard.defaults`)."""
+
+
+def fedp3_paper_setting(dataset: str) -> str:
+    """:data:`FEDP3_PAPER_SETTINGS` of ``dataset``, with an error naming the datasets it has."""
+    if dataset not in FEDP3_PAPER_SETTINGS:
+        raise ValueError(f"dataset={dataset!r} has no FedP3 setting; accepted: {', '.join(FEDP3_PAPER_SETTINGS)}")
+    return FEDP3_PAPER_SETTINGS[dataset]
 
 _FEDP3_DATASET_OPTIONS = {"femnist": dict(letters_only=True, merge_case=True)}
 

@@ -12,9 +12,10 @@ by the book package and the library. So an executed page records, beside its run
   and samplers (:data:`VERSIONED`) declare versions that a change of behaviour must move (golden runs fail CI
   otherwise), so their source is not digested: a behaviour-preserving refactor of them, such as a private helper
   renamed in ``fl/engine.py``, stales no page.
-* ``claims``: a digest of each register entry the page's scorecard rows judge, with its paper's settings (the
-  departures a row names come from them): correcting a paper's number in ``book/claims/`` stales the pages that
-  show it.
+* ``claims``: a digest of each register entry the page's scorecard rows judge, with the setting it names (the
+  departures a row names come from it): correcting a paper's number in ``book/claims/`` stales the pages that
+  show it. ``settings``: a digest of each setting a row names its departures against in the claim's stead (a
+  row's ``setting=`` or the page's :meth:`~subfl_book.scorecard.Scorecard.defaults`).
 
 :func:`code_changes` says what of these moved since a page executed (:func:`subfl_book.pipeline.status`).
 """
@@ -160,6 +161,26 @@ def claim_digests(claim_keys: Iterable[str], *, missing_ok: bool = False) -> dic
     return out
 
 
+def setting_digests(setting_keys: Iterable[str]) -> dict[str, str | None]:
+    """``{"<paper>:<settings id>": digest}`` of the register settings that scorecard rows name their departures
+    against (a row's own or the page's default setting; see :meth:`subfl_book.scorecard.Scorecard.defaults`);
+    ``None`` for a setting no longer in its register."""
+    from .claims import load_register
+
+    out: dict[str, str | None] = {}
+    for key in sorted(set(setting_keys)):
+        paper, _, setting_id = key.partition(":")
+        setting = load_register(paper).settings.get(setting_id)
+        out[key] = None if setting is None else \
+            hashlib.sha256(json.dumps(setting, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return out
+
+
+def named_settings(scorecard: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The register settings a page's recorded scorecard rows name their departures against."""
+    return {row["setting"] for row in scorecard if row.get("setting")}
+
+
 def judged_claims(scorecard: Iterable[Mapping[str, Any]]) -> set[str]:
     """The register entries a page's recorded scorecard rows name (each row's claim and the claim it is compared
     with)."""
@@ -170,8 +191,9 @@ def page_code(code: str, scorecard: Iterable[Mapping[str, Any]], lib: Path, wher
     """What an executed page records of the code it ran and the claims it judged (see the module docstring)."""
     from subfl.experiments.provenance import library_versions
 
+    scorecard = list(scorecard)
     return {"modules": module_digests(code, lib, where), "versions": library_versions(),
-            "claims": claim_digests(judged_claims(scorecard))}
+            "claims": claim_digests(judged_claims(scorecard)), "settings": setting_digests(named_settings(scorecard))}
 
 
 def code_changes(recorded: Mapping[str, Any], code: str, lib: Path, where: str = "page") -> str | None:
@@ -192,5 +214,11 @@ def code_changes(recorded: Mapping[str, Any], code: str, lib: Path, where: str =
     edited = sorted(k for k, d in claims.items() if now_claims[k] != d)
     if edited:
         return f"register entries it judges changed: {', '.join(edited[:3])}{' …' if len(edited) > 3 else ''}"
+    settings = recorded.get("settings", {})
+    now_settings = setting_digests(settings)
+    edited = sorted(k for k, d in settings.items() if now_settings[k] != d)
+    if edited:
+        return f"register settings its rows are compared against changed: {', '.join(edited[:3])}" \
+               f"{' …' if len(edited) > 3 else ''}"
     return None
 

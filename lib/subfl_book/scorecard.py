@@ -9,8 +9,10 @@ A page builds its card after its runs::
 
 ``ours`` are our per-seed values **in the claim's unit** (percent where the paper prints percent). ``config`` (our
 :class:`~subfl.experiments.config.ExperimentConfig`) lets the row name how our setting departs from the paper's
-(:func:`departures`), computed from the register's setting, never typed. When the page runs under the pipeline the
-rows are also written to ``$SUBFL_PAGE_SCORECARD``, from which the book's Scorecard page is generated.
+(:func:`departures`), computed from the register's setting, never typed. A claim the paper states without a setting
+of its own (a sentence of its text) is compared against the setting a row names (``setting=``, an id of the
+register's settings) or the page's default (:meth:`Scorecard.defaults`: the paper's set-up of the experiment the page
+repeats, and the configuration of the page's runs). When the page runs under the pipeline the rows are also written to ``$SUBFL_PAGE_SCORECARD``, from which the book's Scorecard page is generated.
 """
 from __future__ import annotations
 
@@ -118,6 +120,7 @@ class ScoreRow:
     reason: str
     departures: str
     page: str | None = None
+    setting: str = ""         # the paper's set-up the departures are named against ("<paper>:<settings id>"), or ""
 
 
 class Scorecard:
@@ -130,12 +133,24 @@ class Scorecard:
         self.scale = scale
         self.page = page or os.environ.get(PAGE_NAME_ENV)
         self.rows: list[ScoreRow] = []
+        self._default_setting: str | None = None
+        self._default_config: Any = None
+
+    def defaults(self, *, setting: str, config: Any = None) -> None:
+        """The paper's set-up (``setting``, a settings id of this paper's register) and, optionally, our run
+        configuration (``config``, an ExperimentConfig) that a measured row is compared against when it names
+        neither: a claim of this paper without a setting of its own (a sentence of the text, "across every setting
+        we tried") then names how the page's runs depart from the paper's set-up of the experiment the page
+        repeats. A row's own ``setting=`` / ``config=`` and a claim's own setting take precedence; analytic rows
+        take no default configuration."""
+        self._setting_of(self.register, setting, "setting")
+        self._default_setting, self._default_config = setting, config
 
     # ---- checks ------------------------------------------------------------------------------------------
     def order(self, claim: str, against: str, ours: float | Iterable[float], ours_against: float | Iterable[float],
               *, index: int | None = None, against_index: int | None = None, chance: float | None = None,
               higher_is_better: bool = True, analytic: bool = False, config: Any = None,
-              note: str | None = None) -> Verdict:
+              note: str | None = None, setting: str | None = None) -> Verdict:
         """The paper's ordering of two of its numbers (``claim`` above or below ``against``, e.g. two cells of
         a column) against ours. ``index``: the element of a list-valued claim; ``analytic``: deterministic
         quantities (counts, bytes), judged without seeds."""
@@ -146,12 +161,12 @@ class Scorecard:
                               scale=self.scale, analytic=analytic)
         self._add(first, verdict, statement=note or f"{_short(first)} vs {_short(second)}", against=second,
                   paper=f"{_printed(a)} vs {_printed(b)} ({a - b:+.3g})", ours=_pair_label(ours_a, ours_b, analytic), config=config,
-                  scale="analytic" if analytic else None)
+                  scale="analytic" if analytic else None, setting=setting)
         return verdict
 
     def stated_order(self, claim: str, ours_above: float | Iterable[float], ours_below: float | Iterable[float],
                      *, what: str, chance: float | None = None, higher_is_better: bool = True,
-                     analytic: bool = False, config: Any = None) -> Verdict:
+                     analytic: bool = False, config: Any = None, setting: str | None = None) -> Verdict:
         """An ordering the paper states in words (``claim``): the first of ``what`` ("FLANC vs HeteroFL, ¼ width")
         should come out above the second — better, with ``higher_is_better=False`` for lower-is-better metrics."""
         c = self._claim(claim)
@@ -161,12 +176,12 @@ class Scorecard:
                               scale=self.scale, analytic=analytic)
         self._add(c, verdict, statement=f"{c.statement} — {what}", paper=c.paper_label() if c.value is not None
                   else "stated", ours=_pair_label(above, below, analytic), config=config,
-                  scale="analytic" if analytic else None)
+                  scale="analytic" if analytic else None, setting=setting)
         return verdict
 
     def stated_best(self, claim: str, ours: float | Iterable[float], rivals: Mapping[str, float | Iterable[float]],
                     *, what: str, chance: float | None = None, higher_is_better: bool = True, analytic: bool = False,
-                    config: Any = None) -> Verdict:
+                    config: Any = None, setting: str | None = None) -> Verdict:
         """A claim that one method is the best of several (``claim``): ours against every named rival
         (:func:`~subfl_book.verdict.judge_best`); the row shows our band and each rival's mean, best first."""
         c = self._claim(claim)
@@ -177,41 +192,42 @@ class Scorecard:
         order = sorted(bands, key=lambda n: -bands[n].mean if higher_is_better else bands[n].mean)
         label = mine.label(analytic) + " vs " + ", ".join(f"{n} {bands[n].label(analytic)}" for n in order)
         self._add(c, verdict, statement=f"{c.statement} — {what}", paper=c.paper_label() if c.value is not None
-                  else "stated", ours=label, config=config, scale="analytic" if analytic else None)
+                  else "stated", ours=label, config=config, scale="analytic" if analytic else None,
+                  setting=setting)
         return verdict
 
     def bound(self, claim: str, ours: float | Iterable[float], *, at_most: bool, limit: float | None = None,
               chance: float | None = None, analytic: bool = False, config: Any = None,
-              note: str | None = None) -> Verdict:
+              note: str | None = None, setting: str | None = None) -> Verdict:
         """The paper says a quantity stays at most / at least its value (or ``limit``); ours against it."""
         c = self._claim(claim)
         bound = _value(c, None) if limit is None else limit
         band = Band.of(ours, chance)
         verdict = judge_bound(bound, band, at_most=at_most, chance=chance, scale=self.scale, analytic=analytic)
         self._add(c, verdict, statement=note or c.statement, paper=f"{'≤' if at_most else '≥'} {bound:g}",
-                  ours=band.label(analytic), config=config, scale="analytic" if analytic else None)
+                  ours=band.label(analytic), config=config, scale="analytic" if analytic else None, setting=setting)
         return verdict
 
     def trend(self, claims: Sequence[str], ours: Sequence[float | Iterable[float]], *, chance: float | None = None,
               higher_is_better: bool = True, analytic: bool = False, config: Any = None,
-              note: str | None = None) -> Verdict:
+              note: str | None = None, setting: str | None = None) -> Verdict:
         """A sweep: the paper's numbers of ``claims`` (in sweep order) against ours, step by step."""
         found = [self._claim(c) for c in claims]
         paper_values = [_value(c, None) for c in found]
         return self._trend(found[0], paper_values, ours, chance=chance, higher_is_better=higher_is_better,
-                           analytic=analytic, config=config,
+                           analytic=analytic, config=config, setting=setting,
                            statement=note or f"trend along {', '.join(_short(c) for c in found)}",
                            paper=" → ".join(_printed(v) for v in paper_values))
 
     def stated_trend(self, claim: str, ours: Sequence[float | Iterable[float]], *, increasing: bool, what: str,
                      chance: float | None = None, higher_is_better: bool = True, analytic: bool = False,
-                     config: Any = None) -> Verdict:
+                     config: Any = None, setting: str | None = None) -> Verdict:
         """A trend the paper states in words: ours along the sweep ``what`` should rise (``increasing``) or fall."""
         c = self._claim(claim)
         steps = list(range(len(ours)))
         paper_values = steps if increasing else steps[::-1]
         return self._trend(c, paper_values, ours, chance=chance, higher_is_better=higher_is_better,
-                           analytic=analytic, config=config, statement=f"{c.statement} — {what}",
+                           analytic=analytic, config=config, setting=setting, statement=f"{c.statement} — {what}",
                            paper="rises along the sweep" if increasing else "falls along the sweep")
 
     def exact(self, claim: str, ours: float, *, index: int | None = None, tolerance: float | None = None,
@@ -237,14 +253,14 @@ class Scorecard:
         return verdict
 
     def _trend(self, first: Claim, paper_values: Sequence[float], ours: Sequence[Any], *, chance, higher_is_better,
-               analytic, config, statement, paper) -> Verdict:
+               analytic, config, statement, paper, setting=None) -> Verdict:
         bands = [Band.of(o, chance) for o in ours]
         verdict = judge_trend(paper_values, bands, chance=chance, higher_is_better=higher_is_better,
                               scale=self.scale, analytic=analytic)
         self._add(first, verdict, statement=statement, paper=paper,
                   ours=" → ".join(fmt(b.mean) for b in bands) + ("" if analytic else
                                                                      f" (n = {min(b.n for b in bands)})"),
-                  config=config, scale="analytic" if analytic else None)
+                  config=config, scale="analytic" if analytic else None, setting=setting)
         return verdict
 
     # ---- output ------------------------------------------------------------------------------------------
@@ -293,15 +309,34 @@ class Scorecard:
             claim_id = cid
         return self.register.claim(claim_id)
 
+    @staticmethod
+    def _setting_of(register: Register, setting: str, parameter: str) -> dict[str, Any]:
+        if setting not in register.settings:
+            raise ValueError(f"{parameter}={setting!r} is not a setting of the {register.paper} register; it has: "
+                             f"{', '.join(register.settings)}")
+        return register.settings[setting]
+
     def _add(self, claim: Claim, verdict: Verdict, *, statement: str, paper: str, ours: str, config: Any,
-             against: Claim | None = None, scale: str | None = None) -> None:
+             against: Claim | None = None, scale: str | None = None, setting: str | None = None) -> None:
+        """Log one row. Its departures are named against the row's ``setting`` (an id of the claim's register), else
+        the claim's own, else the page's :meth:`defaults` (a claim of this page's paper only); our side is the
+        row's ``config``, else the page's default one (measured rows only: an analytic row names none)."""
         register = self.register if claim.paper == self.paper else load_register(claim.paper)
-        setting = register.settings.get(claim.setting) if claim.setting else None
+        if setting is not None:
+            self._setting_of(register, setting, "setting")
+        elif claim.setting:
+            setting = claim.setting
+        elif claim.paper == self.paper:
+            setting = self._default_setting
+        if config is None and scale != "analytic":
+            config = self._default_config
+        paper_setting = register.settings.get(setting) if setting else None
         row = ScoreRow(claim=claim.key, against=against.key if against else None,
                        source=claim.where if against is None else _pair_source(claim, against),
                        statement=statement, paper=paper, ours=ours, scale=scale or self.scale,
                        status=verdict.status, reason=verdict.reason,
-                       departures="; ".join(departures(setting, config)) or "—", page=self.page)
+                       departures="; ".join(departures(paper_setting, config)) or "—", page=self.page,
+                       setting=f"{claim.paper}:{setting}" if setting else "")
         self.rows.append(row)
         _log(row)
 

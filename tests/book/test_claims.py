@@ -122,3 +122,18 @@ def test_readme_page_table_follows_the_toc_and_reads_each_executed_copy(tmp_path
     assert lines[1].startswith("1 of 2 pages are fresh")
     assert lines[-3:-1] == ["| ch | Page B | stale: notebook or its parameters changed | — | — |",
                             "| ch | Page A | fresh | 3 (0, 1, 2) | 2 |"]
+
+
+def test_the_paper_settings_the_catalog_names_are_in_the_registers():
+    from subfl_book.catalog import FEDP3_PAPER_SETTINGS, fedp3_paper_setting, flanc_paper_setting
+    fedp3 = load_register("fedp3").settings
+    assert [s for s in FEDP3_PAPER_SETTINGS.values() if s not in fedp3] == []
+    with pytest.raises(ValueError, match="dataset='emnist' has no FedP3 setting; accepted: fmnist, cifar10, femnist"):
+        fedp3_paper_setting("emnist")
+    flanc = load_register("flanc").settings
+    named = [flanc_paper_setting(d, h) for d in ("fmnist", "cifar10", "shakespeare") for h in ("static", "dynamic")]
+    assert len(named) == 6 and [s for s in named if s not in flanc] == []
+    with pytest.raises(ValueError, match="dataset='mnist' has no FLANC setting; accepted: fmnist, cifar10, shakespeare"):
+        flanc_paper_setting("mnist")
+    with pytest.raises(ValueError, match="setting='full' is not one of the paper's capacity settings"):
+        flanc_paper_setting("fmnist", "full")

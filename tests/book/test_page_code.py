@@ -129,3 +129,18 @@ def test_every_library_version_is_listed_once_with_its_kind():
     assert versions["schedule:cosine"] == 2
     from subfl.methods import METHODS
     assert {k.split(":")[1] for k in versions if k.startswith("method:") and "." not in k} == set(METHODS)
+
+
+def test_a_setting_a_row_names_in_the_claims_stead_stales_the_page_when_edited(lib, monkeypatch):
+    register = claims.load_register("prism")
+    rows = [{"claim": "prism:abs-up-to-10-points", "against": None, "setting": "prism:femnist-cnn"}]
+    recorded = page_code.page_code(PAGE, rows, lib)
+    assert list(recorded["settings"]) == ["prism:femnist-cnn"]
+    assert page_code.code_changes(recorded, PAGE, lib) is None
+    settings = {**register.settings, "imdb-lstm": {**register.settings["imdb-lstm"], "rounds": 7}}
+    monkeypatch.setattr(claims, "load_register", lambda paper: dataclasses.replace(register, settings=settings))
+    assert page_code.code_changes(recorded, PAGE, lib) is None          # another setting's edit: still fresh
+    settings = {**register.settings, "femnist-cnn": {**register.settings["femnist-cnn"], "rounds": 7}}
+    monkeypatch.setattr(claims, "load_register", lambda paper: dataclasses.replace(register, settings=settings))
+    assert page_code.code_changes(recorded, PAGE, lib) == \
+        "register settings its rows are compared against changed: prism:femnist-cnn"

@@ -50,6 +50,29 @@ def test_order_row_carries_both_values_and_the_computed_status(monkeypatch, tmp_
     assert "<th class=\"blank level0\"" not in c._repr_html_()  # no index column
 
 
+def test_a_claim_without_setting_is_compared_against_the_page_default_or_the_rows_setting():
+    raw = {**RAW, "settings": {**RAW["settings"], "c10-long": {**RAW["settings"]["c10"], "rounds": 1600}}}
+    c = Scorecard("prism", scale="cpu", page="book/x", register=parse(raw, "prism"))
+    cfg = make_config("fedavg", "cifar10", scale="cpu", rounds=30)
+    c.bound("sec4-gap", [1.0, 1.2, 1.4], at_most=True)                       # no setting, no config: nothing named
+    assert c.rows[-1].departures == "—" and c.rows[-1].setting == ""
+    c.defaults(setting="c10", config=cfg)
+    c.bound("sec4-gap", [1.0, 1.2, 1.4], at_most=True)
+    assert "rounds 800 → 30" in c.rows[-1].departures and c.rows[-1].setting == "prism:c10"
+    c.bound("sec4-gap", [1.0, 1.2, 1.4], at_most=True, setting="c10-long")   # the row's own setting wins
+    assert "rounds 1600 → 30" in c.rows[-1].departures and c.rows[-1].setting == "prism:c10-long"
+    c.bound("sec4-gap", [1.0, 1.2, 1.4], at_most=True, config=cfg.replace(rounds=800))   # and the row's own config
+    assert "rounds" not in c.rows[-1].departures
+    c.bound("sec4-gap", [1.0, 1.2, 1.4], at_most=True, analytic=True)        # an analytic row takes no default run
+    assert c.rows[-1].departures == "—"
+    c.order("t1-prism", "t1-orthdrop", [70, 71, 72], [50, 51, 52])            # a claim's own setting is kept
+    assert c.rows[-1].setting == "prism:c10" and "rounds 800 → 30" in c.rows[-1].departures
+    with pytest.raises(ValueError, match="setting='c100' is not a setting of the prism register; it has: c10, c10-long"):
+        c.bound("sec4-gap", [1.0], at_most=True, setting="c100")
+    with pytest.raises(ValueError, match="setting='nope' is not a setting"):
+        c.defaults(setting="nope", config=cfg)
+
+
 def test_reversed_order_two_seeds_bound_and_exact():
     c = card()
     assert c.order("t1-orthdrop", "t1-prism", [70, 71, 72], [50, 51, 52]).status == "differs"
