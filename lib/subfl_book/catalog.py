@@ -91,6 +91,7 @@ def flanc_paper_setting(dataset: str, setting: str = "static") -> str:
         raise ValueError(f"setting={setting!r} is not one of the paper's capacity settings; accepted: static, dynamic")
     return f"{_FLANC_PAPER_SETTINGS[dataset]}-{setting}"
 
+
 def flanc_config(method: str, setting: str = "static", partition: str = "iid", *, dataset: str = "fmnist",
                  scale: str = "cpu", seed: int = 0, lr: float | None = None, **method_options) -> ExperimentConfig:
     """One run of the FLANC chapter: ``method`` under capacity ``setting`` (:data:`FLANC_SETTINGS`) on split
@@ -920,6 +921,7 @@ def fedp3_paper_setting(dataset: str) -> str:
     if dataset not in FEDP3_PAPER_SETTINGS:
         raise ValueError(f"dataset={dataset!r} has no FedP3 setting; accepted: {', '.join(FEDP3_PAPER_SETTINGS)}")
     return FEDP3_PAPER_SETTINGS[dataset]
+
 
 _FEDP3_DATASET_OPTIONS = {"femnist": dict(letters_only=True, merge_case=True)}
 

@@ -12,7 +12,8 @@ A page builds its card after its runs::
 (:func:`departures`), computed from the register's setting, never typed. A claim the paper states without a setting
 of its own (a sentence of its text) is compared against the setting a row names (``setting=``, an id of the
 register's settings) or the page's default (:meth:`Scorecard.defaults`: the paper's set-up of the experiment the page
-repeats, and the configuration of the page's runs). When the page runs under the pipeline the rows are also written to ``$SUBFL_PAGE_SCORECARD``, from which the book's Scorecard page is generated.
+repeats, and the configuration of the page's runs). When the page runs under the pipeline the rows are also written
+to ``$SUBFL_PAGE_SCORECARD``, from which the book's Scorecard page is generated.
 """
 from __future__ import annotations
 
