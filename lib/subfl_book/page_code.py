@@ -138,6 +138,11 @@ def module_digests(code: str, lib: Path, where: str = "code") -> dict[str, str]:
             if not _is_versioned(m)}
 
 
+def _json_digest(value: Any) -> str:
+    """A short digest of a register entry or setting (its JSON, keys sorted)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def claim_digests(claim_keys: Iterable[str], *, missing_ok: bool = False) -> dict[str, str | None]:
     """``{"<paper>:<id>": digest}`` of register entries, each with the setting it names (what a scorecard row reads
     of the register: the claim, and the setting its departures are named against; another setting's edit changes
@@ -157,7 +162,7 @@ def claim_digests(claim_keys: Iterable[str], *, missing_ok: bool = False) -> dic
             out[key] = None
             continue
         blob = {"claim": asdict(claim), "setting": register.settings.get(claim.setting) if claim.setting else None}
-        out[key] = hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        out[key] = _json_digest(blob)
     return out
 
 
@@ -171,8 +176,7 @@ def setting_digests(setting_keys: Iterable[str]) -> dict[str, str | None]:
     for key in sorted(set(setting_keys)):
         paper, _, setting_id = key.partition(":")
         setting = load_register(paper).settings.get(setting_id)
-        out[key] = None if setting is None else \
-            hashlib.sha256(json.dumps(setting, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        out[key] = None if setting is None else _json_digest(setting)
     return out
 
 
