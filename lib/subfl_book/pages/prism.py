@@ -58,26 +58,29 @@ def accuracy_order(card: Scorecard, claim: str, against: str, acc: Mapping[Hasha
 
 def stated_accuracy_order(card: Scorecard, claim: str, acc: Mapping[Hashable, Sequence[float]],
                           configs: Mapping[Hashable, ExperimentConfig], first: Hashable, second: Hashable, *,
-                          what: str, setting: str, chance: float) -> Verdict:
+                          what: str, setting: str, chance: float, paper_setting: str | None = None) -> Verdict:
     """Scores an ordering the paper states in words (e.g. Sec. 4.3, Fig. 5: ``first`` above ``second``) against our
-    final accuracies of the two methods (per seed, in %)."""
+    final accuracies of the two methods (per seed, in %). ``setting`` describes ours in the row; ``paper_setting``
+    is the register's setting the row names its departures against (default: the page's, for its own paper's
+    claims; see :meth:`Scorecard.defaults`)."""
     return card.stated_order(claim, acc[first], acc[second], chance=chance, config=configs[first],
-                             what=f"{what}, {setting} (final accuracy, %)")
+                             what=f"{what}, {setting} (final accuracy, %)", setting=paper_setting)
 
 
 def stated_accuracy_best(card: Scorecard, claim: str, acc: Mapping[Hashable, Sequence[float]],
                          configs: Mapping[Hashable, ExperimentConfig], first: Hashable, rivals: Iterable[Hashable], *,
                          what: str, setting: str, chance: float,
-                         names: Mapping[Hashable, str] | None = None) -> Verdict:
+                         names: Mapping[Hashable, str] | None = None, paper_setting: str | None = None) -> Verdict:
     """Scores a claim that ``first`` is the most accurate of it and ``rivals`` (Fig. 5, Fig. 7, Sec. 4.3, the
     conclusion) against every rival's final accuracies (per seed, in %; rivals absent from ``acc`` are skipped),
-    :meth:`Scorecard.stated_best`. ``names``: how the row names each rival (default: its method name)."""
+    :meth:`Scorecard.stated_best`. ``names``: how the row names each rival (default: its method name);
+    ``paper_setting`` as in :func:`stated_accuracy_order`."""
     names = names or {}
     present = {names.get(m, str(m)): acc[m] for m in rivals if m in acc}
     if not present:
         raise ValueError("none of the rivals has accuracies")
     return card.stated_best(claim, acc[first], present, chance=chance, config=configs[first],
-                            what=f"{what}, {setting} (final accuracy, %)")
+                            what=f"{what}, {setting} (final accuracy, %)", setting=paper_setting)
 
 
 def prism_drop_bound(card: Scorecard, claim: str, acc: Mapping[str, Sequence[float]],
