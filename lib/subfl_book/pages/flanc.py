@@ -91,14 +91,16 @@ def share(config: ExperimentConfig, level: float) -> float:
 
 
 def versus_better(card: Scorecard, claim: str, results: Sequence[RunResult], widths: Sequence[float], what: str,
-                  *, metric: str = "accuracy", chance: float = CHANCE) -> Verdict:
+                  *, metric: str = "accuracy", chance: float = CHANCE, setting: str | None = None) -> Verdict:
     """Adds to ``card`` the row of ``claim``: FLANC's per-seed ``metric`` over ``widths`` against the better
     baseline's (:func:`better`) — the paper's "FLANC ahead of HeteroFL and FjORD" (Fig. 3, Sec. 3.1, Abstract,
-    Sec. 5). ``chance`` applies to accuracy only; perplexity is judged lower-is-better without it."""
+    Sec. 5). ``chance`` applies to accuracy only; perplexity is judged lower-is-better without it. ``setting``: the
+    register's setting the row names its departures against (:meth:`Scorecard.stated_order`)."""
     rival, accuracy = better(results, widths, metric), metric == "accuracy"
     return card.stated_order(claim, values(results, "flanc", widths, metric), values(results, rival, widths, metric),
                              chance=chance if accuracy else None, higher_is_better=accuracy,
-                             config=cfg_of(results), what=f"FLANC vs {NAME[rival]} (the better baseline), {what}")
+                             config=cfg_of(results), what=f"FLANC vs {NAME[rival]} (the better baseline), {what}",
+                             setting=setting)
 
 
 # ---- Table 1's communication column: which construction reproduces it (notebooks/flanc/communication.ipynb) ----
