@@ -93,6 +93,16 @@ def _cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+_JOINED_NAME = re.compile(r"(?<=[a-z]{2})\+(?=[a-z]{2})")   # a name part has 2+ letters: math like a+b is left alone
+
+
+def breakable(text: str) -> str:
+    """``text`` with a line-break opportunity (a zero-width space) after each ``+`` that joins two parts of a method's
+    name (``prism+wallenius+cliplr``), so a narrow column wraps the name instead of running off the page; the
+    house style never splits a word anywhere else."""
+    return _JOINED_NAME.sub("+\u200b", text)
+
+
 def _page_link(page: str) -> str:
     return f"{{doc}}`{page.removeprefix('book/')}`"
 
@@ -131,7 +141,7 @@ def _claims_table(members: Iterable[ClaimStatus]) -> list[str]:
         pages = sorted({r["page"] for r in s.rows if r.get("page")} | set(s.claim.checked_by))
         links = ", ".join(_page_link(p) for p in pages)
         why = f"{links} — {s.note}" if links else s.note
-        lines.append(f"| {_cell(s.claim.statement)} | {_cell(s.claim.where)} | {_cell(_paper_cell(s))} | "
+        lines.append(f"| {_cell(s.claim.statement)} | {_cell(s.claim.where)} | {_cell(breakable(_paper_cell(s)))} | "
                      f"{_cell(ours)} | **{s.status}** | {_cell(why)} |")
     return lines
 

@@ -137,3 +137,11 @@ def test_the_paper_settings_the_catalog_names_are_in_the_registers():
         flanc_paper_setting("mnist")
     with pytest.raises(ValueError, match="setting='full' is not one of the paper's capacity settings"):
         flanc_paper_setting("fmnist", "full")
+
+
+def test_a_joined_method_name_may_wrap_after_its_plus_signs_and_nothing_else_changes():
+    text = "prism+wallenius+cliplr vs prism, 82.95 vs 78.71 (+4.24); $a+b$ kept"
+    shown = scorecard_page.breakable(text)
+    assert shown.count("\u200b") == 2   # after the two joins of the name; not in "(+4.24)", not in the math "a+b"
+    assert shown.replace("\u200b", "") == text
+    assert "prism+\u200bwallenius+\u200bcliplr" in shown
