@@ -1,8 +1,8 @@
 """The built site in a real browser: headless Chromium at 1280 px finds no violation beyond the committed baseline.
 
-The site is always built afresh into a temporary folder (``jupyter-book build`` of the sources as they are, about
-20 s here) rather than reusing ``_build/html``: a fresh build can never be stale, carries no leftover pages of
-removed sources, and does not write into the ``_build`` folder others read.  To check a site that is already
+The site is always built afresh into a temporary folder (``jupyter-book build`` of the sources as they are, with
+warnings as errors: one build serves every check here) rather than reusing ``_build/html``: a fresh build can never
+be stale, carries no leftover pages of removed sources, and does not write into the ``_build`` folder others read.  To check a site that is already
 built (say right after ``make site``), point ``SUBFL_BOOK_SITE`` at its ``html`` folder.
 
 ``browser_baseline.json`` lists the violations of today (``python -m subfl_book.browser --site _build/html
@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -32,20 +33,44 @@ needs_chromium = pytest.mark.skipif(browser.find_chromium() is None,
                                            "or set SUBFL_CHROMIUM to a Chromium binary")
 
 
+class Build(NamedTuple):
+    result: subprocess.CompletedProcess
+    html: Path
+
+    @property
+    def log(self) -> str:
+        return self.result.stdout[-3000:] + self.result.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    given = os.environ.get("SUBFL_BOOK_SITE")
-    if given:
-        return Path(given)
+def build(tmp_path_factory) -> Build | None:
+    """One ``jupyter-book build`` of the sources with warnings as errors (``-W -n --keep-going``), shared by the
+    checks of this module; ``None`` when ``$SUBFL_BOOK_SITE`` names a site built already."""
+    if os.environ.get("SUBFL_BOOK_SITE"):
+        return None
     exe = Path(sys.executable).with_name("jupyter-book")
     if not exe.exists() and shutil.which("jupyter-book") is None:
         pytest.skip("jupyter-book is not installed")
     out = tmp_path_factory.mktemp("site")
-    cmd = [str(exe) if exe.exists() else "jupyter-book", "build", str(ROOT), "--path-output", str(out), "--keep-going"]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    html = out / "_build" / "html"
-    assert (html / "index.html").exists(), res.stdout[-3000:] + res.stderr[-3000:]
-    return html
+    cmd = [str(exe) if exe.exists() else "jupyter-book", "build", str(ROOT), "--path-output", str(out),
+           "-W", "-n", "--keep-going"]
+    return Build(subprocess.run(cmd, capture_output=True, text=True, timeout=1200), out / "_build" / "html")
+
+
+@pytest.fixture(scope="module")
+def site(build) -> Path:
+    if build is None:
+        return Path(os.environ["SUBFL_BOOK_SITE"])
+    assert (build.html / "index.html").exists(), build.log
+    return build.html
+
+
+def test_site_builds_with_warnings_as_errors(build):
+    if build is None:
+        pytest.skip("$SUBFL_BOOK_SITE names a site built already")
+    assert build.result.returncode == 0, build.log
+    page = (build.html / "book" / "federated_setting" / "fedavg.html").read_text()
+    assert "<img" in page, "the executed FedAvg page shows its figures"
 
 
 def _page(body: str, head: str = "") -> str:
