@@ -105,17 +105,29 @@ def _notebook(path, code):
     return path
 
 
+@pytest.fixture(scope="module")
+def _executed_template(tmp_path_factory):
+    """Two executed pages: ``a`` reads one tiny run from a store in the folder, ``b`` reads none (executed once per
+    module: each test gets a copy, :func:`executed_root`)."""
+    root = tmp_path_factory.mktemp("executed")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SUBFL_STORE_DIR", str(root / "store"))
+        mp.setenv("SUBFL_WORK_DIR", str(root / "work"))
+        _notebook(root / "notebooks" / "ch" / "a.ipynb",
+                  "from subfl_book import make_config, run_experiment\n"
+                  "run = run_experiment(make_config('fedavg', 'digits', scale='ci', rounds=1, max_train_samples=100))\n"
+                  "accuracy = run.final()")
+        _notebook(root / "notebooks" / "ch" / "b.ipynb", "from subfl.sampling import sample_cps")
+        book.execute("ci", root=root)
+    return root
+
+
 @pytest.fixture
-def executed_root(tmp_path, monkeypatch):
-    """Two executed pages: ``a`` reads one tiny run from a store in ``tmp_path``, ``b`` reads none."""
+def executed_root(_executed_template, tmp_path, monkeypatch):
+    """A copy of :func:`_executed_template` of this test's own, its store and work folder in use."""
+    shutil.copytree(_executed_template, tmp_path, dirs_exist_ok=True)
     monkeypatch.setenv("SUBFL_STORE_DIR", str(tmp_path / "store"))
     monkeypatch.setenv("SUBFL_WORK_DIR", str(tmp_path / "work"))
-    _notebook(tmp_path / "notebooks" / "ch" / "a.ipynb",
-              "from subfl_book import make_config, run_experiment\n"
-              "run = run_experiment(make_config('fedavg', 'digits', scale='ci', rounds=1, max_train_samples=100))\n"
-              "accuracy = run.final()")
-    _notebook(tmp_path / "notebooks" / "ch" / "b.ipynb", "from subfl.sampling import sample_cps")
-    book.execute("ci", root=tmp_path)
     return tmp_path
 
 
