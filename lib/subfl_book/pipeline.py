@@ -39,7 +39,7 @@ from .page_code import code_changes, page_code
 from .recorded import RECORDED_LOG_ENV, RESULTS_DIR
 from .scorecard import PAGE_NAME_ENV, SCORECARD_LOG_ENV, read_rows
 from .store import (BOOK_THREADS, RUNS_LOG_ENV, book_key, checkout_root, key_to_read, record_path, recorded_enough,
-                    record_digest, store_root)
+                    record_digest, root_for, store_root)
 
 
 def project_root() -> Path:
@@ -218,7 +218,10 @@ def _current_key(run: dict[str, Any]) -> str | None:
         config = config_from_record(run["config"])
     except (TypeError, ValueError):
         return None
-    return key_to_read(config, same_environment=run.get("same_environment", False)) or book_key(config)
+    key = book_key(config)
+    if recorded_enough(key, root_for(config)):   # key_to_read's first choice, without indexing the whole store
+        return key
+    return key_to_read(config, same_environment=run.get("same_environment", False)) or key
 
 
 _SEEN: dict[str, tuple[str, str]] = {}
