@@ -125,7 +125,8 @@ class LocalDeployment:
             found[:] = [self.status(run_id)]
             return found[0].startswith("finished")
 
-        self.wait_for(ended, RUN_TIMEOUT_S, f"run {run_id} did not end", every_s=2.0)  # each `flwr ls` is a process
+        # each `flwr ls` is a process of ~1.5 s CPU: polled every 5 s, it leaves the other test worker its core
+        self.wait_for(ended, RUN_TIMEOUT_S, f"run {run_id} did not end", every_s=5.0)
         return found[0]
 
     def log(self, run_id: int) -> str:
