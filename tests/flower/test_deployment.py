@@ -178,8 +178,9 @@ def test_prism_through_a_tls_deployment_is_the_in_process_run(deployment, tmp_pa
 
 
 def test_a_supernode_killed_mid_run_stops_the_run_which_resumes_once_it_is_back(deployment, tmp_path):
-    # each round starts a ClientApp process on each node (seconds), so the kill lands before round 4 ends
-    config = dataclasses.replace(case_config(CASE), rounds=4, eval_every=4)
+    # each round starts a ClientApp process on each node (seconds), so the kill lands before round 2 ends; the
+    # resumed run then trains two rounds from the checkpoint
+    config = dataclasses.replace(case_config(CASE), rounds=3, eval_every=3)
     out = tmp_path / "out"
     app = write_app(tmp_path / "app", config, out, min_nodes=2, torch_threads=1)
     run_id = deployment.run_app(app)
