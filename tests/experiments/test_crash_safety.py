@@ -35,6 +35,9 @@ ZYGOTE = textwrap.dedent('''
     import torch
     from subfl.experiments import make_config, run_experiment
     from subfl_book.store import run_experiment as stored_run
+    # Modules the first run imports lazily (the optimiser imports torch._dynamo; the digits come from scikit-learn):
+    # imported here once, so that each forked child does not spend seconds importing them again.
+    import torch._dynamo, sklearn.datasets, sklearn.model_selection
 
     def run(task):
         kill_at, count = task["kill_at"], [0]
