@@ -6,13 +6,15 @@ PY := $(VENV)/bin/python
 SUBFL_DATA_ROOT ?= $(if $(wildcard ../shared/data/PROVENANCE.md),$(abspath ../shared/data),$(CURDIR)/data)
 export SUBFL_DATA_ROOT
 
-.PHONY: setup book site test status verify fmnist chromium mathjax
+.PHONY: setup book site test status verify fmnist chromium mathjax nbval-store
 
-# Test processes: two one-thread workers (pytest-xdist) beat one two-thread process on a 2-core machine; a notebook's
-# cells stay together on one worker (--dist loadfile). TEST_WORKERS= runs the suite in one process. The notebooks'
-# kernels are processes of their own: OMP_NUM_THREADS=1 gives them one torch thread too (with two workers, two-thread
-# kernels oversubscribe the cores and their many tiny operations wait on each other).
-TEST_WORKERS ?= -n 2 --dist loadfile
+# Test processes: two one-thread workers (pytest-xdist) beat one two-thread process on a 2-core machine. A notebook's
+# cells stay together on one worker (--dist loadfile); files are handed out in the order conftest.py sorts them, the
+# files with slow tests first (not xdist's default, the files with most tests first), so that no long file ends the
+# run on one worker. TEST_WORKERS= runs the suite in one process. The notebooks' kernels are processes of their own:
+# OMP_NUM_THREADS=1 gives them one torch thread too (with two workers, two-thread kernels oversubscribe the cores and
+# their many tiny operations wait on each other).
+TEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -64,6 +66,10 @@ status: setup
 # execute every fresh page again from the store and compare its outputs with the committed copy
 verify: setup
 	$(VENV)/bin/subfl-book --verify
+
+# The ci-scale runs the notebook checks read (tests/nbval-store/): computed anew by the current code and recorded.
+nbval-store: setup
+	$(PY) scripts/record_nbval_store.py
 
 test: setup
 	SUBFL_SCALE=ci OMP_NUM_THREADS=1 $(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider -q --durations=25 \
