@@ -12,22 +12,31 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA_SUFFIXES = (".npz", ".gz", ".jsonl", "-ubyte", ".pt", ".npy", ".tar")
 
 
+STORES = ("store/", "tests/nbval-store/")
+"""The run stores: the book's, and the ci-scale runs of the notebook checks (conftest.py)."""
+
+
 def test_no_dataset_file_is_tracked():
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    tracked = [f for f in files if f.endswith(DATA_SUFFIXES) and not f.startswith("store/")]
+    tracked = [f for f in files if f.endswith(DATA_SUFFIXES) and not f.startswith(STORES)]
     assert tracked == []
-    # the run store holds run records and kept weights, each named by its run key, and pretrained models, each a
-    # folder named as the library's cache names it (<kind>-l<layers>-<24 hex digits of its key>)
-    # and timings measured once (subfl_book.measured: measured/<name>-<24 hex digits of its key>.json)
-    stored = [f for f in files if f.startswith("store/") and not f.startswith(("store/pretrained/", "store/measured/"))]
-    assert all(f.endswith((".json.gz", ".state.pt")) and len(Path(f).name.split(".")[0]) == 64 for f in stored)
-    measured = [Path(f) for f in files if f.startswith("store/measured/")]
-    assert all(len(p.parts) == 3 and re.fullmatch(r"[a-z0-9_-]+-[0-9a-f]{24}\.json", p.name) for p in measured), measured
-    pretrained = [Path(f) for f in files if f.startswith("store/pretrained/")]
-    assert all(len(p.parts) == 4 and p.name in ("weights.pt", "summary.json")
-               and re.fullmatch(r"(lm|vit)-l\d+-[0-9a-f]{24}", p.parts[2]) for p in pretrained), pretrained
+    for prefix in STORES:
+        _check_store_files([f.removeprefix(prefix) for f in files if f.startswith(prefix) and f != prefix + "README.md"])
+
+
+def _check_store_files(files: list[str]) -> None:
+    """A run store holds run records and kept weights, each named by its run key, and pretrained models, each a
+    folder named as the library's cache names it (<kind>-l<layers>-<24 hex digits of its key>), and timings measured
+    once (subfl_book.measured: measured/<name>-<24 hex digits of its key>.json). ``files``: relative to the store."""
+    stored = [f for f in files if not f.startswith(("pretrained/", "measured/"))]
+    assert all(f.endswith((".json.gz", ".state.pt")) and len(Path(f).name.split(".")[0]) == 64 for f in stored), stored
+    measured = [Path(f) for f in files if f.startswith("measured/")]
+    assert all(len(p.parts) == 2 and re.fullmatch(r"[a-z0-9_-]+-[0-9a-f]{24}\.json", p.name) for p in measured), measured
+    pretrained = [Path(f) for f in files if f.startswith("pretrained/")]
+    assert all(len(p.parts) == 3 and p.name in ("weights.pt", "summary.json")
+               and re.fullmatch(r"(lm|vit)-l\d+-[0-9a-f]{24}", p.parts[1]) for p in pretrained), pretrained
 
 
 def test_data_manifest_is_the_package_manifest():
