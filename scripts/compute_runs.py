@@ -14,6 +14,12 @@ the new records are
 also written, after every finished run, into tar files of at most 15 MB each (``store-1.tar`` …), for a machine
 that hands back only a few files.
 
+A run the store already records, computed again because a page now asks for its final weights or analyses, must
+give the record's history again before anything is written: training is chaotic, and kernels of another CPU round
+differently, so a recomputation on another machine can end points away from the record the pages read. Such a run
+is logged ``differs`` (the first history value that moved, and both machines) and the store is left as it was;
+``--replace-differing`` replaces the record instead, and the pages that read it go stale.
+
     python scripts/compute_runs.py plan.json --device cuda --jobs 12 --store store --minutes 8 --pack $OUT
     python scripts/compute_runs.py plan.json --device cpu --jobs 1 --store /tmp/s --limit 1   # any machine
 """
@@ -35,8 +41,29 @@ from pathlib import Path
 PART_BYTES = 15 * 2**20
 
 
+def _history_columns(frame) -> list[list]:
+    """A run's history as a record holds it: ``[[column, values], ...]``."""
+    return json.loads(json.dumps([[c, frame[c].tolist()] for c in frame.columns], default=str))
+
+
+def history_difference(recorded: list[list], computed: list[list]) -> str | None:
+    """None when two histories (record form) are identical, else where they first part: the row's round, metric
+    and group with both values."""
+    if json.dumps(recorded, sort_keys=True) == json.dumps(computed, sort_keys=True):
+        return None
+    old, new = dict((c, v) for c, v in recorded), dict((c, v) for c, v in computed)
+    if set(old) != set(new) or len(old.get("value", [])) != len(new.get("value", [])):
+        return (f"the histories have different shapes ({len(old.get('value', []))} rows recorded, "
+                f"{len(new.get('value', []))} computed)")
+    for i, (a, b) in enumerate(zip(old["value"], new["value"])):
+        if json.dumps(a) != json.dumps(b) or any(old[c][i] != new[c][i] for c in old if c != "value"):
+            where = ", ".join(f"{c} {old[c][i]}" for c in ("round", "metric", "group") if c in old)
+            return f"first at {where}: recorded {a!r}, computed {b!r}"
+    return "the histories differ outside their values"
+
+
 def compute(entry: dict, device: str, store_dir: str, work_dir: str, data_root: str | None,
-            verify: bool = True) -> dict:
+            verify: bool = True, replace_differing: bool = False) -> dict:
     """One run of the plan, recorded into ``store_dir``; returns its key, status and wall time.
 
     ``verify=False``: do not check the data files against the manifest's sha256 (a copy re-packed to travel whose
@@ -59,12 +86,54 @@ def compute(entry: dict, device: str, store_dir: str, work_dir: str, data_root: 
     work = Path(work_dir) / key[:24]
     seed_pretrained_cache(root / "pretrained")  # a finetuning run starts from the store's pretrained weights
     result = compute_run(config, work, cache=False, data_root=data_root, progress=False, verify=verify)
+    recorded = _recorded(key, root)
+    difference = None if recorded is None else history_difference(recorded["history"],
+                                                                   _history_columns(result.history))
+    if difference is not None and not replace_differing:  # weights or analyses of another run than the record's
+        summary = recorded.get("summary") or {}
+        row = {"key": key, "status": "differs", "label": config.label(),
+                "wall_s": round(time.perf_counter() - start, 1), "difference": difference,
+                "recorded_final_accuracy": summary.get("final_accuracy"),
+                "computed_final_accuracy": result.summary.get("final_accuracy"),
+                "recorded_hardware": recorded.get("hardware"), "this_hardware": machine(device),
+                "kept": "the store's record; nothing of this run was written (--replace-differing replaces it)"}
+        shutil.rmtree(work, ignore_errors=True)
+        return row
     save_record(result, key, keep_state=keep_state, data_root=data_root, root=root, verify=verify, analyses=analyses)
     if config.scale != "ci":
         record_pretrained_cache(root / "pretrained")  # a model this run pretrained outlives the machine
     shutil.rmtree(work, ignore_errors=True)
     return {"key": key, "status": "diverged" if result.diverged else "done", "label": config.label(),
             "wall_s": round(time.perf_counter() - start, 1), "final_accuracy": result.summary.get("final_accuracy")}
+
+
+def _recorded(key: str, root: Path) -> dict | None:
+    """The store's record of ``key`` under ``root``, or None."""
+    import gzip
+
+    from subfl_book.store import record_path
+
+    path = record_path(key, root)
+    return json.loads(gzip.decompress(path.read_bytes())) if path.exists() else None
+
+
+def machine(device: str) -> dict:
+    """This machine as a record names it (:func:`subfl_book.store.hardware`), with the CPU's vendor, family, model
+    and name where the system tells them (two CPUs of one instruction set can still round differently)."""
+    from subfl_book.store import hardware
+
+    out = dict(hardware(device))
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        fields = {}
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            name, _, value = line.partition(":")
+            if not name.strip() and fields:
+                break   # the first processor's block is enough
+            fields.setdefault(name.strip(), value.strip())
+        out.update({k: fields[f] for k, f in (("cpu_vendor", "vendor_id"), ("cpu_family", "cpu family"),
+                                               ("cpu_model", "model"), ("cpu_name", "model name")) if f in fields})
+    return out
 
 
 PARENT_POLL_S = 5.0
@@ -127,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="only the first N runs of the plan")
     parser.add_argument("--pack", type=Path, default=None, help="also write the new records as tar parts here")
     parser.add_argument("--log", type=Path, default=None, help="JSON-lines log of finished runs")
+    parser.add_argument("--replace-differing", action="store_true",
+                        help="replace a stored record when computing it again (for its weights or analyses) gives "
+                             "another history; without it such a run is logged 'differs' and nothing is written")
     parser.add_argument("--no-verify", action="store_true",
                         help="skip the data files' sha256 check (a re-packed copy whose arrays were checked)")
     args = parser.parse_args(argv)
@@ -150,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     deadline = None if args.minutes is None else time.monotonic() + 60 * args.minutes
     log = open(args.log, "a") if args.log else None
     print(f"{len(entries)} runs on {args.device} ({platform.node()}), {args.jobs} processes", flush=True)
+    print(json.dumps({"machine": machine(args.device)}), flush=True)
     done = 0
     pool = cf.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"),
                                   initializer=_exit_with_parent, initargs=(os.getpid(),))
@@ -162,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, on_signal)
     try:
         pending = {pool.submit(compute, e, args.device, str(args.store), str(args.work), args.data_root,
-                               not args.no_verify): e
+                               not args.no_verify, args.replace_differing): e
                    for e in entries}
         while pending:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -299,3 +299,58 @@ def test_a_plan_carries_a_pages_analyses_and_compute_runs_records_them(tmp_path)
     value = record["analyses"]['top_terms_accuracy{"keep": 0.5}']["value"]
     assert value["keep"] == 0.5 and 0.0 <= value["top_terms_accuracy"] <= 1.0
     assert not store.state_path(key, tmp_path / "store2").exists()
+
+
+def _rewrite_record(path: Path, change) -> None:
+    record = json.loads(gzip.decompress(path.read_bytes()))
+    change(record)
+    path.write_bytes(gzip.compress(json.dumps(record).encode()))
+
+
+def test_a_run_computed_again_for_its_weights_must_match_its_record(tmp_path):
+    """A page that now asks for a stored run's weights gets them only from a recomputation with the record's
+    history: a record computed elsewhere (here: one history value moved by 1e-7, as another CPU's rounding moves
+    it) is kept and nothing is written, unless --replace-differing."""
+    plan, plan_weights = tmp_path / "plan.json", tmp_path / "weights.json"
+    plan.write_text(json.dumps([{"config": CONFIG.to_dict(), "keep_state": False}]))
+    plan_weights.write_text(json.dumps([{"config": CONFIG.to_dict(), "keep_state": True}]))
+    root = tmp_path / "store"
+    args = ("--device", "cpu", "--store", str(root), "--work", str(tmp_path / "work"))
+    first = _script("compute_runs.py", str(plan), *args)
+    assert first.returncode == 0 and '"status": "done"' in first.stdout, first.stderr[-2000:]
+    key = json.loads(next(line for line in first.stdout.splitlines() if '"status"' in line))["key"]
+    path = store.record_path(key, root)
+
+    same = _script("compute_runs.py", str(plan_weights), *args)   # identical history: the weights are added
+    assert '"status": "done"' in same.stdout and store.state_path(key, root).exists(), same.stdout + same.stderr
+    store.state_path(key, root).unlink()
+
+    computed = json.loads(gzip.decompress(path.read_bytes()))["history"]
+    moved = 1e-7
+    _rewrite_record(path, lambda r: r["history"][2][1].__setitem__(0, r["history"][2][1][0] + moved))
+    before = path.read_bytes()
+    differs = _script("compute_runs.py", str(plan_weights), *args)
+    row = json.loads(next(line for line in differs.stdout.splitlines() if '"status"' in line))
+    assert differs.returncode == 0 and row["status"] == "differs", differs.stdout + differs.stderr
+    assert "first at round 1" in row["difference"] and row["this_hardware"]["cpus"] >= 1
+    assert path.read_bytes() == before and not store.state_path(key, root).exists()
+
+    replaced = _script("compute_runs.py", str(plan_weights), *args, "--replace-differing")
+    assert '"status": "done"' in replaced.stdout, replaced.stdout + replaced.stderr
+    assert path.read_bytes() != before and store.state_path(key, root).exists()
+    assert json.loads(gzip.decompress(path.read_bytes()))["history"] == computed  # this machine's run, whole
+
+
+def test_history_difference_names_the_first_row_that_moved():
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from compute_runs import history_difference
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    base = [["round", [1, 1, 2]], ["metric", ["loss", "accuracy", "loss"]], ["value", [0.5, 0.25, 0.4]],
+            ["group", ["global", "global", "global"]]]
+    assert history_difference(base, json.loads(json.dumps(base))) is None
+    moved = json.loads(json.dumps(base))
+    moved[2][1][2] = 0.40000001
+    assert history_difference(base, moved) == "first at round 2, metric loss, group global: recorded 0.4, computed 0.40000001"
+    assert "different shapes" in history_difference(base, [[c, v[:2]] for c, v in base])
