@@ -41,11 +41,6 @@ from pathlib import Path
 PART_BYTES = 15 * 2**20
 
 
-def _history_columns(frame) -> list[list]:
-    """A run's history as a record holds it: ``[[column, values], ...]``."""
-    return json.loads(json.dumps([[c, frame[c].tolist()] for c in frame.columns], default=str))
-
-
 def history_difference(recorded: list[list], computed: list[list]) -> str | None:
     """None when two histories (record form) are identical, else where they first part: the row's round, metric
     and group with both values."""
@@ -73,6 +68,7 @@ def compute(entry: dict, device: str, store_dir: str, work_dir: str, data_root: 
     torch.set_num_threads(1)  # the book's runs use one intra-op thread (part of the run key's environment class)
     from subfl.experiments import ExperimentConfig
     from subfl.experiments import run_experiment as compute_run
+    from subfl_book.store import _frame_columns as frame_columns
     from subfl_book.store import book_key, record_pretrained_cache, recorded_enough, save_record, seed_pretrained_cache
 
     config = ExperimentConfig.from_dict(entry["config"]).replace(device=device)
@@ -87,8 +83,8 @@ def compute(entry: dict, device: str, store_dir: str, work_dir: str, data_root: 
     seed_pretrained_cache(root / "pretrained")  # a finetuning run starts from the store's pretrained weights
     result = compute_run(config, work, cache=False, data_root=data_root, progress=False, verify=verify)
     recorded = _recorded(key, root)
-    difference = None if recorded is None else history_difference(recorded["history"],
-                                                                   _history_columns(result.history))
+    difference = None if recorded is None else history_difference(   # both as the record's JSON holds them
+        recorded["history"], json.loads(json.dumps(frame_columns(result.history), default=str)))
     if difference is not None and not replace_differing:  # weights or analyses of another run than the record's
         summary = recorded.get("summary") or {}
         row = {"key": key, "status": "differs", "label": config.label(),
