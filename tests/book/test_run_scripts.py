@@ -352,5 +352,6 @@ def test_history_difference_names_the_first_row_that_moved():
     assert history_difference(base, json.loads(json.dumps(base))) is None
     moved = json.loads(json.dumps(base))
     moved[2][1][2] = 0.40000001
-    assert history_difference(base, moved) == "first at round 2, metric loss, group global: recorded 0.4, computed 0.40000001"
+    assert history_difference(base, moved) == \
+        "first at round 2, metric loss, group global: recorded 0.4, computed 0.40000001"
     assert "different shapes" in history_difference(base, [[c, v[:2]] for c, v in base])
