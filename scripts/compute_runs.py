@@ -41,22 +41,6 @@ from pathlib import Path
 PART_BYTES = 15 * 2**20
 
 
-def history_difference(recorded: list[list], computed: list[list]) -> str | None:
-    """None when two histories (record form) are identical, else where they first part: the row's round, metric
-    and group with both values."""
-    if json.dumps(recorded, sort_keys=True) == json.dumps(computed, sort_keys=True):
-        return None
-    old, new = dict((c, v) for c, v in recorded), dict((c, v) for c, v in computed)
-    if set(old) != set(new) or len(old.get("value", [])) != len(new.get("value", [])):
-        return (f"the histories have different shapes ({len(old.get('value', []))} rows recorded, "
-                f"{len(new.get('value', []))} computed)")
-    for i, (a, b) in enumerate(zip(old["value"], new["value"])):
-        if json.dumps(a) != json.dumps(b) or any(old[c][i] != new[c][i] for c in old if c != "value"):
-            where = ", ".join(f"{c} {old[c][i]}" for c in ("round", "metric", "group") if c in old)
-            return f"first at {where}: recorded {a!r}, computed {b!r}"
-    return "the histories differ outside their values"
-
-
 def compute(entry: dict, device: str, store_dir: str, work_dir: str, data_root: str | None,
             verify: bool = True, replace_differing: bool = False) -> dict:
     """One run of the plan, recorded into ``store_dir``; returns its key, status and wall time.
@@ -68,8 +52,8 @@ def compute(entry: dict, device: str, store_dir: str, work_dir: str, data_root: 
     torch.set_num_threads(1)  # the book's runs use one intra-op thread (part of the run key's environment class)
     from subfl.experiments import ExperimentConfig
     from subfl.experiments import run_experiment as compute_run
-    from subfl_book.store import _frame_columns as frame_columns
-    from subfl_book.store import book_key, record_pretrained_cache, recorded_enough, save_record, seed_pretrained_cache
+    from subfl_book.store import (RecordDiffers, book_key, hardware, record_pretrained_cache, recorded_enough,
+                                  save_record, seed_pretrained_cache)
 
     config = ExperimentConfig.from_dict(entry["config"]).replace(device=device)
     key = book_key(config)
@@ -82,54 +66,23 @@ def compute(entry: dict, device: str, store_dir: str, work_dir: str, data_root: 
     work = Path(work_dir) / key[:24]
     seed_pretrained_cache(root / "pretrained")  # a finetuning run starts from the store's pretrained weights
     result = compute_run(config, work, cache=False, data_root=data_root, progress=False, verify=verify)
-    recorded = _recorded(key, root)
-    difference = None if recorded is None else history_difference(   # both as the record's JSON holds them
-        recorded["history"], json.loads(json.dumps(frame_columns(result.history), default=str)))
-    if difference is not None and not replace_differing:  # weights or analyses of another run than the record's
-        summary = recorded.get("summary") or {}
+    try:
+        save_record(result, key, keep_state=keep_state, data_root=data_root, root=root, verify=verify,
+                    analyses=analyses, replace_differing=replace_differing)
+    except RecordDiffers as differs:  # weights or analyses of another run than the record's: nothing written
         row = {"key": key, "status": "differs", "label": config.label(),
-                "wall_s": round(time.perf_counter() - start, 1), "difference": difference,
-                "recorded_final_accuracy": summary.get("final_accuracy"),
+                "wall_s": round(time.perf_counter() - start, 1), "difference": differs.difference,
+                "recorded_final_accuracy": (differs.recorded.get("summary") or {}).get("final_accuracy"),
                 "computed_final_accuracy": result.summary.get("final_accuracy"),
-                "recorded_hardware": recorded.get("hardware"), "this_hardware": machine(device),
+                "recorded_hardware": differs.recorded.get("hardware"), "this_hardware": hardware(device),
                 "kept": "the store's record; nothing of this run was written (--replace-differing replaces it)"}
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)   # after the row: the result reads its summary from there
         return row
-    save_record(result, key, keep_state=keep_state, data_root=data_root, root=root, verify=verify, analyses=analyses)
     if config.scale != "ci":
         record_pretrained_cache(root / "pretrained")  # a model this run pretrained outlives the machine
     shutil.rmtree(work, ignore_errors=True)
     return {"key": key, "status": "diverged" if result.diverged else "done", "label": config.label(),
             "wall_s": round(time.perf_counter() - start, 1), "final_accuracy": result.summary.get("final_accuracy")}
-
-
-def _recorded(key: str, root: Path) -> dict | None:
-    """The store's record of ``key`` under ``root``, or None."""
-    import gzip
-
-    from subfl_book.store import record_path
-
-    path = record_path(key, root)
-    return json.loads(gzip.decompress(path.read_bytes())) if path.exists() else None
-
-
-def machine(device: str) -> dict:
-    """This machine as a record names it (:func:`subfl_book.store.hardware`), with the CPU's vendor, family, model
-    and name where the system tells them (two CPUs of one instruction set can still round differently)."""
-    from subfl_book.store import hardware
-
-    out = dict(hardware(device))
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        fields = {}
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            name, _, value = line.partition(":")
-            if not name.strip() and fields:
-                break   # the first processor's block is enough
-            fields.setdefault(name.strip(), value.strip())
-        out.update({k: fields[f] for k, f in (("cpu_vendor", "vendor_id"), ("cpu_family", "cpu family"),
-                                               ("cpu_model", "model"), ("cpu_name", "model name")) if f in fields})
-    return out
 
 
 PARENT_POLL_S = 5.0
@@ -218,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     deadline = None if args.minutes is None else time.monotonic() + 60 * args.minutes
     log = open(args.log, "a") if args.log else None
     print(f"{len(entries)} runs on {args.device} ({platform.node()}), {args.jobs} processes", flush=True)
-    print(json.dumps({"machine": machine(args.device)}), flush=True)
+    from subfl_book.store import hardware
+
+    print(json.dumps({"machine": hardware(args.device)}), flush=True)
     done = 0
     pool = cf.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"),
                                   initializer=_exit_with_parent, initargs=(os.getpid(),))

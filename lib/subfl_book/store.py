@@ -134,15 +134,64 @@ def _confusions(result: RunResult, data_root: str | Path | None, verify: bool = 
 
 
 def hardware(device: str) -> dict[str, Any]:
-    """The machine a run was computed on: its processor and core count, the instruction set torch's CPU kernels use
-    (``cpu_capability``, e.g. AVX512) and torch's full version, and the accelerator's name for a GPU run. The last
-    three are not part of the run key (:func:`subfl.experiments.provenance.environment_class`), yet CPU kernels of
-    another instruction set or build round differently: they say why a recomputation of a key need not match."""
+    """The machine a run was computed on: its processor and core count, the CPU's vendor, family, model and name
+    where the system tells them (``/proc/cpuinfo``), the instruction set torch's CPU kernels use (``cpu_capability``,
+    e.g. AVX512) and torch's full version, and the accelerator's name for a GPU run. None of these is part of the run
+    key (:func:`subfl.experiments.provenance.environment_class`), yet CPU kernels of another build, instruction set or
+    CPU round differently (two CPUs of one instruction set can too): they say why a recomputation of a key need not
+    match its record."""
     out: dict[str, Any] = {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+                           **cpu_identity(),
                            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch_build": torch.__version__}
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
         out["accelerator"] = torch.cuda.get_device_name(torch.device(device))
     return out
+
+
+def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+    """The first processor's ``cpu_vendor``, ``cpu_family``, ``cpu_model`` and ``cpu_name`` as ``cpuinfo`` gives
+    them; ``{}`` where the file is absent (not Linux) or names none of them."""
+    if not cpuinfo.is_file():
+        return {}
+    fields: dict[str, str] = {}
+    for line in cpuinfo.read_text(errors="replace").splitlines():
+        name, _, value = line.partition(":")
+        if not name.strip() and fields:
+            break   # the first processor's block is enough
+        fields.setdefault(name.strip(), value.strip())
+    return {k: fields[f] for k, f in (("cpu_vendor", "vendor_id"), ("cpu_family", "cpu family"),
+                                      ("cpu_model", "model"), ("cpu_name", "model name")) if f in fields}
+
+
+class RecordDiffers(RuntimeError):
+    """A run computed again (for its weights or analyses) gave another history than the store's record of its key:
+    saving it would change what the pages that read the record show. ``difference`` says where the two first part."""
+
+    def __init__(self, key: str, difference: str, recorded: dict[str, Any]) -> None:
+        self.key, self.difference, self.recorded = key, difference, recorded
+        recorded_hw = recorded.get("hardware") or {}
+        super().__init__(
+            f"run {key[:12]} computed here gives another history than its record ({difference}); recorded on "
+            f"{recorded_hw.get('cpu_name') or recorded_hw.get('processor', 'an unnamed machine')}, computed on "
+            f"{cpu_identity().get('cpu_name') or platform.machine()}. The store keeps its record; to replace it (the "
+            f"pages that read it go stale), save with replace_differing=True or run scripts/compute_runs.py with "
+            f"--replace-differing")
+
+
+def history_difference(recorded: list[list], computed: list[list]) -> str | None:
+    """None when two histories in record form (``[[column, values], ...]``) are identical, else where they first
+    part: the row's round, metric and group with both values."""
+    if json.dumps(recorded, sort_keys=True, default=str) == json.dumps(computed, sort_keys=True, default=str):
+        return None
+    old, new = dict((c, v) for c, v in recorded), dict((c, v) for c, v in computed)
+    if set(old) != set(new) or len(old.get("value", [])) != len(new.get("value", [])):
+        return (f"the histories have different shapes ({len(old.get('value', []))} rows recorded, "
+                f"{len(new.get('value', []))} computed)")
+    for i, (a, b) in enumerate(zip(old["value"], new["value"])):
+        if json.dumps(a) != json.dumps(b) or any(old[c][i] != new[c][i] for c in old if c != "value"):
+            where = ", ".join(f"{c} {old[c][i]}" for c in ("round", "metric", "group") if c in old)
+            return f"first at {where}: recorded {a!r}, computed {b!r}"
+    return "the histories differ outside their values"
 
 
 def experiment_key(canonical: dict[str, Any], versions: dict[str, Any]) -> str:
@@ -153,8 +202,14 @@ def experiment_key(canonical: dict[str, Any], versions: dict[str, Any]) -> str:
 
 
 def save_record(result: RunResult, key: str, *, keep_state: bool = False, data_root: str | Path | None = None,
-                root: Path | None = None, verify: bool = True, analyses: Iterable[Any] | None = None) -> Path:
+                root: Path | None = None, verify: bool = True, analyses: Iterable[Any] | None = None,
+                replace_differing: bool = False) -> Path:
     """Write ``result`` into the store under ``key`` (atomically); its weights too with ``keep_state``.
+
+    A run the store already holds (computed again for its weights or analyses) must give the record's history;
+    otherwise :class:`RecordDiffers` is raised and nothing is written, unless ``replace_differing``. (A key fixes the
+    code and the environment class, not the CPU: another CPU can round differently, and a training run amplifies a
+    difference in the last bit.)
 
     ``analyses``: requests of :mod:`subfl_book.final_analyses`, each computed now from the run's final weights and
     recorded with the run (so a page reads them without the weights).
@@ -163,18 +218,23 @@ def save_record(result: RunResult, key: str, *, keep_state: bool = False, data_r
     """
     from . import final_analyses
 
+    path = record_path(key, root)
+    history = _frame_columns(result.history)
+    earlier = json.loads(gzip.decompress(path.read_bytes())) if path.exists() else None
+    difference = None if earlier is None else history_difference(earlier["history"],
+                                                                  json.loads(json.dumps(history, default=str)))
+    if difference is not None and not replace_differing:
+        raise RecordDiffers(key, difference, earlier)
     summary = result.summary
     record = {"key": key, "config": summary["config"], "canonical_config": summary["canonical_config"],
               "versions": summary["versions"], "environment": summary["environment"], "summary": summary,
               "experiment_key": experiment_key(summary["canonical_config"], summary["versions"]),
               "hardware": hardware(result.config.device),
-              "history": _frame_columns(result.history), "ledger": _frame_columns(result.ledger),
+              "history": history, "ledger": _frame_columns(result.ledger),
               "timings": _frame_columns(result.timings), "confusions": _confusions(result, data_root, verify),
               "analyses": final_analyses.compute(result, analyses, data_root)}
-    path = record_path(key, root)
-    if path.exists():   # a run computed again for more analyses keeps the values recorded before
-        earlier = json.loads(gzip.decompress(path.read_bytes())).get("analyses") or {}
-        record["analyses"] = {**earlier, **record["analyses"]}
+    if earlier is not None and difference is None:  # computed again for more analyses: keep those recorded before
+        record["analyses"] = {**(earlier.get("analyses") or {}), **record["analyses"]}
     text = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str).encode()
     if keep_state:
         buffer = io.BytesIO()

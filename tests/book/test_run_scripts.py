@@ -339,19 +339,3 @@ def test_a_run_computed_again_for_its_weights_must_match_its_record(tmp_path):
     assert '"status": "done"' in replaced.stdout, replaced.stdout + replaced.stderr
     assert path.read_bytes() != before and store.state_path(key, root).exists()
     assert json.loads(gzip.decompress(path.read_bytes()))["history"] == computed  # this machine's run, whole
-
-
-def test_history_difference_names_the_first_row_that_moved():
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        from compute_runs import history_difference
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    base = [["round", [1, 1, 2]], ["metric", ["loss", "accuracy", "loss"]], ["value", [0.5, 0.25, 0.4]],
-            ["group", ["global", "global", "global"]]]
-    assert history_difference(base, json.loads(json.dumps(base))) is None
-    moved = json.loads(json.dumps(base))
-    moved[2][1][2] = 0.40000001
-    assert history_difference(base, moved) == \
-        "first at round 2, metric loss, group global: recorded 0.4, computed 0.40000001"
-    assert "different shapes" in history_difference(base, [[c, v[:2]] for c, v in base])

@@ -207,7 +207,53 @@ def test_a_record_names_the_hardware_it_was_computed_on(tmp_store):
     assert record["hardware"]["cpus"] >= 1 and "accelerator" not in record["hardware"]
     assert record["hardware"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert record["hardware"]["torch_build"] == torch.__version__
+    assert {k: record["hardware"][k] for k in store.cpu_identity()} == store.cpu_identity()
     assert record["experiment_key"] == store.experiment_key(record["canonical_config"], record["versions"])
+
+
+def test_the_cpu_is_named_from_cpuinfo_first_processor(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+                       "model name\t: Intel(R) Xeon(R) Platinum 8480+\n\nprocessor\t: 1\nvendor_id\t: Other\n")
+    assert store.cpu_identity(cpuinfo) == {"cpu_vendor": "GenuineIntel", "cpu_family": "6", "cpu_model": "143",
+                                           "cpu_name": "Intel(R) Xeon(R) Platinum 8480+"}
+    assert store.cpu_identity(tmp_path / "absent") == {}
+
+
+def test_history_difference_names_the_first_row_that_moved():
+    base = [["round", [1, 1, 2]], ["metric", ["loss", "accuracy", "loss"]], ["value", [0.5, 0.25, 0.4]],
+            ["group", ["global", "global", "global"]]]
+    assert store.history_difference(base, json.loads(json.dumps(base))) is None
+    moved = json.loads(json.dumps(base))
+    moved[2][1][2] = 0.40000001
+    assert store.history_difference(base, moved) == \
+        "first at round 2, metric loss, group global: recorded 0.4, computed 0.40000001"
+    assert "different shapes" in store.history_difference(base, [[c, v[:2]] for c, v in base])
+
+
+def test_a_page_asking_for_weights_of_a_record_this_machine_does_not_reproduce_gets_an_error(tmp_store):
+    """A record computed on a CPU that rounds differently (here: its round-1 loss moved by 1e-7) is not replaced
+    by a page that now asks for the run's weights: the recomputation's history differs, so the page stops with an
+    error naming the difference and the store is left as it was; ``replace_differing`` replaces the record (and
+    drops the analyses computed from the other run's weights)."""
+    run = store.run_experiment(CONFIG)
+    path = store.record_path(run.key)
+    record = json.loads(gzip.decompress(path.read_bytes()))
+    values = dict(record["history"])["value"]
+    values[0] += 1e-7
+    record["analyses"] = {"made-up analysis": {"version": 1, "value": {"x": 1.0}}}
+    path.write_bytes(gzip.compress(json.dumps(record).encode()))
+    before = path.read_bytes()
+    with pytest.raises(store.RecordDiffers, match=r"first at round 1.*replace_differing=True"):
+        store.run_experiment(CONFIG, keep_state=True)
+    assert path.read_bytes() == before and not store.state_path(run.key).exists()
+
+    again = compute_run(CONFIG, tmp_store / "again", cache=False)
+    store.save_record(again, run.key, keep_state=True, replace_differing=True)
+    replaced = json.loads(gzip.decompress(path.read_bytes()))
+    assert replaced["history"] == json.loads(json.dumps(store._frame_columns(again.history), default=str))
+    assert replaced["history"] != record["history"]
+    assert "made-up analysis" not in replaced["analyses"] and store.state_path(run.key).exists()
 
 
 def test_a_pretrained_model_is_recorded_once_and_read_back_without_pretraining(tmp_store, monkeypatch):
