@@ -38,8 +38,8 @@ from .measured import MEASURED_LOG_ENV, file_changed, measurement_changed
 from .page_code import code_changes, page_code
 from .recorded import RECORDED_LOG_ENV, RESULTS_DIR
 from .scorecard import PAGE_NAME_ENV, SCORECARD_LOG_ENV, read_rows
-from .store import (BOOK_THREADS, RUNS_LOG_ENV, book_key, checkout_root, key_to_read, record_path, recorded_enough,
-                    record_digest, root_for, store_root)
+from .store import (BOOK_THREADS, RUNS_LOG_ENV, book_key, checkout_root, cpu_identity, key_to_read, record_path,
+                    recorded_enough, record_digest, root_for, store_root)
 
 
 def project_root() -> Path:
@@ -340,7 +340,7 @@ def _runs_read(log: Path) -> list[dict[str, Any]]:
 def machine() -> dict[str, Any]:
     """What a page's numbers were computed on (for its run card)."""
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            **cpu_identity(), "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
             "torch_threads": BOOK_THREADS}
 
 
@@ -442,10 +442,13 @@ RUN_CARD_TAG = "run-card"
 
 
 def _environment_label(record: dict[str, Any]) -> str:
-    env = record["summary"]["environment"]
-    accelerator = record.get("hardware", {}).get("accelerator")
+    """The environment class of a record and the processor it ran on: the accelerator, else the CPU's name (records
+    made before the store named CPUs give only its instruction set)."""
+    env, hw = record["summary"]["environment"], record.get("hardware", {})
+    processor = hw.get("accelerator") or hw.get("cpu_name") or (
+        f"a CPU with {hw['cpu_capability']}, not named" if hw.get("cpu_capability") else None)
     return (f"torch {env['torch']}, {env['threads']} thread{'s' if env['threads'] != 1 else ''}, {env['device']}"
-            + (f" ({accelerator})" if accelerator else ""))
+            + (f" ({processor})" if processor else ""))
 
 
 def _recorded_label(entry: dict[str, Any]) -> str:
@@ -485,8 +488,8 @@ def run_card(meta: dict[str, Any]) -> str:
                      + "; ".join(_recorded_label(r) for r in measurements))
     if not runs and not recorded and not measurements:
         lines.append("**runs read** none (this page computes what it shows)")
-    lines.append(f"**page executed** on {m.get('processor', '?')}, {m.get('cpus', '?')} CPUs, torch "
-                 f"{m.get('torch', '?')}, in {meta.get('wall_time_s', 0):.0f} s, {meta.get('executed_at', '?')}, "
+    lines.append(f"**page executed** on {m.get('cpu_name') or m.get('processor', '?')}, {m.get('cpus', '?')} CPUs, "
+                 f"torch {m.get('torch', '?')}, in {meta.get('wall_time_s', 0):.0f} s, {meta.get('executed_at', '?')}, "
                  f"subfl {meta.get('library_version', '?')}")
     body = " · ".join(lines)
     if notes:

@@ -332,6 +332,23 @@ def test_run_card_follows_the_title_and_states_scale_runs_machine_and_date():
     text = cards[0].source
     assert "**Scale** `cpu`" in text and "none (this page computes what it shows)" in text
     assert "x86_64, 2 CPUs, torch 2.14, in 12 s, 2026-11-27 12:00 UTC, subfl 0.2.0" in text
+    nb.metadata["subfl"]["machine"]["cpu_name"] = "AMD EPYC"
+    assert "on AMD EPYC, 2 CPUs, torch 2.14" in add_run_card(nb).cells[1].source
+
+
+def test_the_run_card_names_the_cpu_each_record_was_computed_on(monkeypatch):
+    from subfl_book import pipeline
+    env = {"torch": "2.14", "threads": 1, "device": "cpu"}
+    facts = {"named": {"summary": {"environment": env, "wall_time_s": 3600.0},
+                       "hardware": {"cpu_name": "AMD EPYC", "cpu_capability": "AVX512"}},
+             "unnamed": {"summary": {"environment": env, "wall_time_s": 1800.0},
+                         "hardware": {"cpu_capability": "AVX512"}}}
+    monkeypatch.setattr(pipeline, "_record_facts", lambda key: facts[key])
+    runs = [{"key": k, "config": {"seed": 0, "dataset": "cifar10"}} for k in ("named", "unnamed", "named")]
+    text = pipeline.run_card({"scale": "cpu", "runs": runs, "machine": {}})
+    assert "computing them took 2.50 hours" in text
+    assert ("2 on torch 2.14, 1 thread, cpu (AMD EPYC); 1 on torch 2.14, 1 thread, cpu (a CPU with AVX512, "
+            "not named)") in text
 
 
 def test_a_page_reading_recorded_files_names_them_and_their_machine_on_its_run_card(tmp_path, monkeypatch):
