@@ -58,11 +58,37 @@ def _bn_recalibrated(result, data_root=None) -> dict[str, float]:
     return bn_recalibrated_accuracy(result, data_root)
 
 
+def _final_spectra(result, data_root=None) -> dict[str, float]:
+    """The singular values of each decomposed layer of a spectral run's final global model, as ``"<layer>[<i>]"``
+    (read back with :func:`spectra_from_value`)."""
+    import torch
+
+    factors = result.state().get("factors") or {}
+    if not factors:
+        raise ValueError(f"run {result.config.label()} keeps no decomposed layers (not a spectral method's run)")
+    return {f"{layer}[{i}]": value for layer, f in factors.items()
+            for i, value in enumerate(torch.as_tensor(f["singular_values"]).to(torch.float64).tolist())}
+
+
+def spectra_from_value(value: Mapping[str, float]) -> dict[str, list[float]]:
+    """``{layer: singular values in order}`` from a ``final_spectra`` value."""
+    import re
+
+    out: dict[str, dict[int, float]] = {}
+    for name, v in value.items():
+        match = re.fullmatch(r"(.+)\[(\d+)\]", name)
+        if match is None:
+            raise ValueError(f"{name!r} is not a final_spectra entry (expected '<layer>[<index>]')")
+        out.setdefault(match.group(1), {})[int(match.group(2))] = float(v)
+    return {layer: [values[i] for i in sorted(values)] for layer, values in out.items()}
+
+
 ANALYSES: dict[str, Analysis] = {a.name: a for a in (
     Analysis("top_terms_accuracy", _top_terms),
     Analysis("leading_outputs_accuracy", _leading_outputs),
     Analysis("expected_outputs_accuracy", _expected_outputs),
     Analysis("bn_recalibrated_accuracy", _bn_recalibrated),
+    Analysis("final_spectra", _final_spectra),
 )}
 """The analyses a page can request, by name."""
 
@@ -158,4 +184,4 @@ def final_analysis(result, name: str, *, data_root=None, **params: Any) -> dict[
 
 
 __all__ = ["ANALYSES", "Analysis", "MissingAnalysisError", "Request", "compute", "final_analysis", "has_all",
-           "normalise", "recorded_value", "request_key"]
+           "normalise", "recorded_value", "request_key", "spectra_from_value"]

@@ -244,6 +244,28 @@ def save_record(result: RunResult, key: str, *, keep_state: bool = False, data_r
     return path
 
 
+def record_analyses_from_state(config: ExperimentConfig, key: str, analyses: Iterable[Any], *,
+                               root: Path | None = None, data_root: str | Path | None = None,
+                               drop_state: bool = False) -> Path:
+    """Compute ``analyses`` (:mod:`subfl_book.final_analyses` requests) from the final weights the store keeps for
+    run ``key`` — the weights of the very computation the record holds, so nothing is computed again — and record
+    them with the run; ``drop_state`` then removes the weights (a page that read them now reads the analyses)."""
+    from . import final_analyses
+
+    stored = load_record(config, key, root)
+    if stored is None or not stored.has_state():
+        raise FileNotFoundError(f"the store under {root or store_root()} keeps no weights for run {key[:12]}: "
+                                f"its analyses can only come from computing it again")
+    path = record_path(key, root)
+    record = json.loads(gzip.decompress(path.read_bytes()))
+    record["analyses"] = {**(record.get("analyses") or {}), **final_analyses.compute(stored, analyses, data_root)}
+    text = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str).encode()
+    write_bytes_atomically(path, gzip.compress(text, compresslevel=9, mtime=0))
+    if drop_state:
+        state_path(key, root).unlink()
+    return path
+
+
 class StoredRun(RunResult):
     """A :class:`~subfl.experiments.RunResult` read from a store record (no files on disk besides the record)."""
 

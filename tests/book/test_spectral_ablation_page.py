@@ -66,19 +66,21 @@ def test_sampling_distribution_rows_on_known_spectra():
 
 def test_final_layer_spectra_reads_the_first_run_that_finished(monkeypatch):
     import subfl_book.pages.spectral as page
+    from subfl_book import final_analyses
 
-    state = {"factors": {"conv2": {"singular_values": np.array([3.0, 1.0], dtype=np.float32)}}}
+    value = {"conv2[0]": 3.0, "conv2[1]": 1.0, "fc1[1]": 0.5, "fc1[0]": 2.0}
+    recorded = {final_analyses.request_key("final_spectra"): {"version": 1, "value": value}}
     asked = []
 
-    def stored(config, keep_state):  # the store hands the run back with its weights
-        asked.append((config, keep_state))
-        return types.SimpleNamespace(state=lambda: state)
+    def stored(config, analyses):  # the store hands the run back with the analysis recorded
+        asked.append((config, analyses))
+        return types.SimpleNamespace(analyses=recorded, config=config)
 
     monkeypatch.setattr(page, "stored_run", stored)
     diverged = types.SimpleNamespace(diverged=True, config="a")
     finished = types.SimpleNamespace(diverged=False, config="b")
     spectra = final_layer_spectra([diverged, finished])
-    assert asked == [("b", True)]
-    assert list(spectra) == ["conv2"] and spectra["conv2"].dtype == np.float64
-    assert spectra["conv2"].tolist() == [3.0, 1.0]
+    assert asked == [("b", [("final_spectra", {})])]
+    assert list(spectra) == ["conv2", "fc1"] and spectra["conv2"].dtype == np.float64
+    assert spectra["conv2"].tolist() == [3.0, 1.0] and spectra["fc1"].tolist() == [2.0, 0.5]
     assert final_layer_spectra([diverged]) == {}

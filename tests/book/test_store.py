@@ -256,6 +256,27 @@ def test_a_page_asking_for_weights_of_a_record_this_machine_does_not_reproduce_g
     assert "made-up analysis" not in replaced["analyses"] and store.state_path(run.key).exists()
 
 
+def test_analyses_come_from_the_kept_weights_and_the_weights_can_then_go(tmp_store, monkeypatch):
+    """A run whose weights the store keeps gets an analysis from those weights — no recomputation — and, with
+    drop_state, reads it afterwards from its record alone: here the singular values of PriSM's decomposed layers."""
+    from subfl_book import final_analyses
+
+    run = store.run_experiment(CONFIG, keep_state=True)
+    factors = run.state()["factors"]
+    digest = run.digest
+    monkeypatch.setattr(store, "compute_run", lambda *a, **k: pytest.fail("the run was computed again"))
+    store.record_analyses_from_state(CONFIG, run.key, [("final_spectra", {})], drop_state=True)
+    assert not store.state_path(run.key).exists()
+    again = store.run_experiment(CONFIG, analyses=[("final_spectra", {})])
+    assert again.digest == digest   # the record of the same computation, with one more analysis
+    spectra = final_analyses.spectra_from_value(final_analyses.final_analysis(again, "final_spectra"))
+    assert set(spectra) == set(factors) and len(factors) >= 1
+    for layer, f in factors.items():
+        assert spectra[layer] == torch.as_tensor(f["singular_values"]).to(torch.float64).tolist()
+    with pytest.raises(FileNotFoundError, match="keeps no weights"):
+        store.record_analyses_from_state(CONFIG, run.key, [("final_spectra", {})])
+
+
 def test_a_pretrained_model_is_recorded_once_and_read_back_without_pretraining(tmp_store, monkeypatch):
     """The store keeps the weights a page's pretrained models have; with the library's cache emptied and
     ``$SUBFL_STORE_ONLY`` set, they are read back bit for bit (and copied into the cache for runs), and a model

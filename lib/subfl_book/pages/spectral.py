@@ -22,6 +22,7 @@ from subfl.models.factorized import layer_specs
 from subfl.methods.spectral import term_design
 from subfl.sampling import analysis
 
+from ..final_analyses import final_analysis, spectra_from_value
 from ..spectral_shakespeare import last_evaluations_mean
 from ..store import run_experiment as stored_run
 
@@ -233,15 +234,19 @@ def effective_rank_share(run: RunResult, at: int, data_root: str | None = None) 
 PRISM_SAMPLING_TABLE = "PriSM's sampling distribution (PriSM Table 5)"
 """The ablations page's table of PriSM's sampling distributions (a key of the catalog's ``SPECTRAL_ABLATIONS``)."""
 
+FINAL_SPECTRA = ("final_spectra", {})
+"""The :mod:`subfl_book.final_analyses` request :func:`final_layer_spectra` reads (request it with the runs)."""
+
+
 def final_layer_spectra(results: Iterable[RunResult]) -> dict[str, np.ndarray]:
     """Each decomposed layer's singular values in the final global model of the first run among ``results`` that
-    did not diverge (a spectral run's saved state holds them; the run is read again from the store with its
-    weights, which the store then keeps); ``{}`` if every run diverged."""
+    did not diverge (the record's ``final_spectra`` analysis, computed from the run's final weights when it was
+    recorded); ``{}`` if every run diverged."""
     for run in results:
         if not run.diverged:
-            state = stored_run(run.config, keep_state=True).state()
-            return {layer: torch.as_tensor(f["singular_values"]).to(torch.float64).numpy()
-                    for layer, f in state["factors"].items()}
+            recorded = stored_run(run.config, analyses=[FINAL_SPECTRA])
+            value = final_analysis(recorded, FINAL_SPECTRA[0], **FINAL_SPECTRA[1])
+            return {layer: np.asarray(lam, dtype=np.float64) for layer, lam in spectra_from_value(value).items()}
     return {}
 
 
