@@ -446,7 +446,7 @@ def _environment_label(record: dict[str, Any]) -> str:
     made before the store named CPUs give only its instruction set)."""
     env, hw = record["summary"]["environment"], record.get("hardware", {})
     processor = hw.get("accelerator") or hw.get("cpu_name") or (
-        f"a CPU with {hw['cpu_capability']}, not named" if hw.get("cpu_capability") else None)
+        f"a CPU with {hw['cpu_capability']}, not named" if hw.get("cpu_capability") else "processor not recorded")
     return (f"torch {env['torch']}, {env['threads']} thread{'s' if env['threads'] != 1 else ''}, {env['device']}"
             + (f" ({processor})" if processor else ""))
 

@@ -53,13 +53,21 @@ def page_rows(root: Path) -> dict[str, list[dict]]:
     return out
 
 
+REFERENCE_SIDE = "the other side of an ordering judged under another claim"
+"""Why a claim with no row of its own is not judged on its own although a page uses it: it is the cell a page's
+ordering compares another claim against (``against`` of a row), and that row's status belongs to the other claim."""
+
+
 def claim_statuses(paper: str, rows_by_page: dict[str, list[dict]],
                    register: "Register | None" = None) -> list[ClaimStatus]:
     """Each claim of ``paper`` with the status the book gives it (:data:`COMBINE_ORDER` over its rows)."""
     by_claim: dict[str, list[dict]] = {}
+    against: dict[str, list[str]] = {}   # claim -> the claims of the orderings it is the other side of
     for rows in rows_by_page.values():
         for row in rows:
             by_claim.setdefault(row["claim"], []).append(row)
+            if row.get("against"):
+                against.setdefault(row["against"], []).append(row["claim"])
     out = []
     for claim in (register or load_register(paper)).claims:
         rows = tuple(by_claim.get(claim.key, ()))
@@ -69,6 +77,11 @@ def claim_statuses(paper: str, rows_by_page: dict[str, list[dict]],
             note = "; ".join(dict.fromkeys(_row_note(r) for r in rows))
         elif claim.not_run:
             status, note = "not-run", f"{NOT_RUN_REASONS[claim.not_run['reason']]}: {claim.not_run['detail']}"
+        elif claim.key in against:
+            status = "not-run"
+            others = list(dict.fromkeys(against[claim.key]))
+            note = (f"{REFERENCE_SIDE}: its value is the paper's reference in the ordering"
+                    f"{'s' if len(others) > 1 else ''} judged under {', '.join(o.split(':', 1)[-1] for o in others)}")
         else:
             status = "not-run"
             note = "its page has not judged it yet (page awaiting re-execution with its scorecard)"
@@ -177,13 +190,16 @@ def render(root: Path) -> str:
              "## Status counts", "", counts_table(all_statuses), ""]
     reasons = Counter((s.claim.paper, s.claim.not_run["reason"]) for st in all_statuses.values() for s in st
                       if s.status == "not-run" and s.claim.not_run)
+    reference = Counter(s.claim.paper for st in all_statuses.values() for s in st
+                        if s.status == "not-run" and not s.claim.not_run and s.note.startswith(REFERENCE_SIDE))
     pending = Counter(s.claim.paper for st in all_statuses.values() for s in st
-                      if s.status == "not-run" and not s.claim.not_run)
+                      if s.status == "not-run" and not s.claim.not_run and not s.note.startswith(REFERENCE_SIDE))
     parts += ["**Not run, and why** (claims per paper):", "",
               "| reason | " + " | ".join(SHORT_NAMES[p] for p in PAPERS) + " |",
               "|---|" + "---|" * len(PAPERS)]
     for reason, words in NOT_RUN_REASONS.items():
         parts.append(f"| {words} | " + " | ".join(str(reasons.get((p, reason), 0)) for p in PAPERS) + " |")
+    parts.append(f"| {REFERENCE_SIDE} | " + " | ".join(str(reference.get(p, 0)) for p in PAPERS) + " |")
     parts.append("| checked by a page not yet re-executed with its scorecard | " +
                  " | ".join(str(pending.get(p, 0)) for p in PAPERS) + " |")
     parts.append("")

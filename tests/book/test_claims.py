@@ -101,6 +101,9 @@ def test_a_claim_judged_against_another_shows_the_papers_values_of_that_comparis
     own = statuses["t1-prism"].claim.paper_label()
     assert scorecard_page._paper_cell(statuses["t1-prism"]) == f"{own} (judged as PriSM vs OrthDrop: 82.6 vs 78.4 (+4.2))"
     assert scorecard_page._paper_cell(statuses["t4-svd"]) == statuses["t4-svd"].claim.paper_label()
+    assert statuses["t1-orthdrop"].status == "not-run" and not statuses["t1-orthdrop"].rows
+    assert statuses["t1-orthdrop"].note == (f"{scorecard_page.REFERENCE_SIDE}: its value is the paper's reference in "
+                                            f"the ordering judged under t1-prism")
 
 
 def test_readme_page_table_follows_the_toc_and_reads_each_executed_copy(tmp_path, monkeypatch):

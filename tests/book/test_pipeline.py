@@ -342,13 +342,14 @@ def test_the_run_card_names_the_cpu_each_record_was_computed_on(monkeypatch):
     facts = {"named": {"summary": {"environment": env, "wall_time_s": 3600.0},
                        "hardware": {"cpu_name": "AMD EPYC", "cpu_capability": "AVX512"}},
              "unnamed": {"summary": {"environment": env, "wall_time_s": 1800.0},
-                         "hardware": {"cpu_capability": "AVX512"}}}
+                         "hardware": {"cpu_capability": "AVX512"}},
+             "old": {"summary": {"environment": env, "wall_time_s": 0.0}, "hardware": {"processor": "x86_64"}}}
     monkeypatch.setattr(pipeline, "_record_facts", lambda key: facts[key])
-    runs = [{"key": k, "config": {"seed": 0, "dataset": "cifar10"}} for k in ("named", "unnamed", "named")]
+    runs = [{"key": k, "config": {"seed": 0, "dataset": "cifar10"}} for k in ("named", "unnamed", "named", "old")]
     text = pipeline.run_card({"scale": "cpu", "runs": runs, "machine": {}})
     assert "computing them took 2.50 hours" in text
     assert ("2 on torch 2.14, 1 thread, cpu (AMD EPYC); 1 on torch 2.14, 1 thread, cpu (a CPU with AVX512, "
-            "not named)") in text
+            "not named); 1 on torch 2.14, 1 thread, cpu (processor not recorded)") in text
 
 
 def test_a_page_reading_recorded_files_names_them_and_their_machine_on_its_run_card(tmp_path, monkeypatch):
