@@ -187,6 +187,11 @@ def render(root: Path) -> str:
              "Absolute accuracies of the papers' full-scale runs are not reproduced at the `cpu` scale; the pages "
              "judge the orderings between them (a method against its baseline in the same column), which is what "
              "a smaller scale can test.", "",
+             "A learned verdict holds for the records its page read. A run is reproducible bit for bit on one "
+             "machine, but another CPU can round differently and a training run amplifies a last-bit difference "
+             "to points of accuracy: {doc}`prism/homogeneous` shows one seed that moved by more than the spread "
+             "of its seeds, and with it verdicts at the edge of that spread. Every record names the machine it "
+             "was computed on, and each page's run card lists them.", "",
              "## Status counts", "", counts_table(all_statuses), ""]
     reasons = Counter((s.claim.paper, s.claim.not_run["reason"]) for st in all_statuses.values() for s in st
                       if s.status == "not-run" and s.claim.not_run)
