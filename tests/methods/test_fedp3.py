@@ -353,3 +353,71 @@ def test_net_option_builds_the_papers_cnn(tmp_path):
     up = result.ledger[(result.ledger.direction == "up") & (result.ledger.name != "__config__")]
     assert up.groupby(["round", "client"]).name.apply(lambda s: len({n.rpartition(".")[0] for n in s})).eq(3).all()
     assert np.isfinite(result.final())
+
+
+# ----- personalised evaluation: the deployed model --------------------------------------------------------
+@pytest.mark.parametrize("keep", [0.5, 0.9])
+def test_deployed_model_is_what_configure_sends(keep):
+    """Sec. 2 / Alg. 2 line 3: the client deploys P_i(x) — its assigned units dense, every other weight tensor
+    magnitude-pruned to P; exactly the dense form of the task configure builds."""
+    factory = Factory("mlp", hidden=(64, 32))
+    ctx = _ctx(factory)
+    method = make_method("lowerb", global_keep=keep)
+    state = method.init(ctx)
+    for rnd, cid in ((1, 0), (2, 3), (3, 1)):
+        profile = ClientProfile(cid)
+        deployed = method.deployed_model(state, rnd, profile, ctx).state_dict()
+        task = method.configure(state, rnd, [profile], ctx)[cid]
+        sent = decode_pruned(task.tensors, {k: v.shape for k, v in state["weights"].items()})
+        assert set(deployed) == set(sent)
+        for name in sent:
+            assert torch.equal(deployed[name], sent[name]), name
+        trained = set(task.config["trained_units"])
+        pruned = [n for n in deployed if n.rpartition(".")[0] not in trained and deployed[n].dim() >= 2]
+        assert pruned and pruned == task.config["pruned"]
+        for name in pruned:
+            n = deployed[name].numel()
+            assert int((deployed[name] != 0).sum()) == kept_count(n, keep)  # e.g. 2048 of 4096 at P = 0.5
+        assert state["weights"] is not deployed  # the global weights are left dense
+        assert all(bool((t != 0).all()) for n, t in state["weights"].items() if t.dim() >= 2)
+
+
+def test_personalised_models_are_the_global_model_at_p_1_and_group_names_kept():
+    factory = Factory("mlp", hidden=(64, 32))
+    ctx = _ctx(factory)
+    dense = make_method("lowerb")
+    state = dense.init(ctx)
+    models = dense.evaluation_models(state, ctx)
+    assert dense.personalized_models(state, 1, ClientProfile(0), models, ctx) is models
+    pruned = make_method("lowerb", global_keep="profile")
+    out = pruned.personalized_models(state, 1, ClientProfile(2, keep_ratio=0.25), models, ctx)
+    assert set(out) == {"global"} and out["global"] is not models["global"]
+    zeros = sum(int((t == 0).sum()) for t in out["global"].state_dict().values())
+    assert zeros >= 0.75 * 64 * 64 - 1  # the pruned hidden layer: 3/4 of its 4096 entries are zero
+    # the option version keys only runs with P < 1: runs at the default keep their keys
+    assert "method:lowerb.global_keep" not in type(dense).behaviour_versions({"global_keep": 1.0})
+    assert type(dense).behaviour_versions({"global_keep": 0.5})["method:lowerb.global_keep"] == 1
+
+
+def test_local_accuracy_scores_each_clients_deployed_model(tmp_path):
+    """The engine's local_accuracy is the unweighted mean over clients of their deployed models' local accuracy,
+    which at P = 0.25 differs from the dense global model's."""
+    from subfl.experiments.runner import client_splits, prepare_data, server_context
+    from subfl.fl import evaluate
+
+    cfg = make_config("lowerb", "digits", "mlp", scale="ci", partition="dirichlet", alpha=0.5, num_clients=6,
+                      clients_per_round=3, rounds=3, local_test_fraction=0.3, method_options={"global_keep": 0.25})
+    res = run_experiment(cfg, tmp_path / "run", cache=False)
+    dataset, _, parts = prepare_data(cfg)
+    _, local = client_splits(cfg, parts)
+    ctx = server_context(cfg, dataset)
+    method = make_method(cfg.method, **dict(cfg.method_options))
+    state = {"weights": res.state()["weights"]}
+    profiles = cfg.heterogeneity_setting.profiles(cfg.num_clients, cfg.seed, cfg.rounds)
+    deployed = [evaluate(method.deployed_model(state, cfg.rounds, profiles[i], ctx), dataset.train.subset(idx))
+                ["accuracy"] for i, idx in enumerate(local)]
+    dense_model = method.evaluation_models(state, ctx)["global"]
+    dense = [evaluate(dense_model, dataset.train.subset(idx))["accuracy"] for idx in local]
+    assert res.final("local_accuracy") == pytest.approx(float(np.mean(deployed)), abs=1e-12)
+    assert abs(float(np.mean(deployed)) - float(np.mean(dense))) > 1e-3
+    assert res.final("accuracy") == pytest.approx(evaluate(dense_model, dataset.test)["accuracy"], abs=1e-12)

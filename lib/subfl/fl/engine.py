@@ -29,7 +29,7 @@ from ..files import write_atomically
 from .method import ClientContext, Method, ServerContext, ServerState
 from .history import History
 from .ledger import Ledger
-from .profiles import Heterogeneity
+from .profiles import ClientProfile, Heterogeneity
 from .rng import numpy_rng, torch_generator
 from .training import ClientDataset, evaluate
 
@@ -222,8 +222,8 @@ def run_simulation(method: Method, dataset: FederatedDataset, client_indices: Se
                 timings.append((rnd, "evaluate_train", time.perf_counter() - t0))
             if local_tests is not None:
                 t0 = time.perf_counter()
-                for (metric, group), value in _local_evaluation(method, state, ctx, models, local_tests,
-                                                                settings).items():
+                for (metric, group), value in _local_evaluation(method, state, rnd, profiles, ctx, models,
+                                                                local_tests, settings).items():
                     history.add(rnd, f"local_{metric}", value, group)
                 timings.append((rnd, "evaluate_local", time.perf_counter() - t0))
             acc = history.last("accuracy")
@@ -269,16 +269,21 @@ def _evaluate_models(models: dict[str, torch.nn.Module], data, settings: EngineS
     return out
 
 
-def _local_evaluation(method: Method, state: ServerState, ctx: ServerContext, models: dict[str, torch.nn.Module],
-                      local_tests: Sequence[Any], settings: EngineSettings) -> dict[tuple[str, str], float]:
+def _local_evaluation(method: Method, state: ServerState, rnd: int, profiles: Sequence[ClientProfile],
+                      ctx: ServerContext, models: dict[str, torch.nn.Module], local_tests: Sequence[Any],
+                      settings: EngineSettings) -> dict[tuple[str, str], float]:
     """Mean over clients (each counted once, clients without local test data skipped) of every group's metrics
-    on the client's local test set, with the models :meth:`Method.personalized_models` gives each client."""
+    on the client's local test set, with the models :meth:`Method.personalized_models` gives each client (its
+    profile of round ``rnd``)."""
     sums: dict[tuple[str, str], float] = {}
     count = 0
     for cid, data in enumerate(local_tests):
         if data is None:
             continue
-        client_models = method.personalized_models(state, ctx, cid, models)
+        client_models = method.personalized_models(state, rnd, profiles[cid], models, ctx)
+        if set(client_models) != set(models):
+            raise ValueError(f"{type(method).__name__}.personalized_models must return the groups of "
+                             f"evaluation_models ({sorted(models)}), got {sorted(client_models)}")
         for key, value in _evaluate_models(client_models, data, settings, ctx.task).items():
             sums[key] = sums.get(key, 0.0) + value
         count += 1

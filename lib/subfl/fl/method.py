@@ -143,10 +143,12 @@ class Method:
         """Models to evaluate on the test set, by group name (``"global"`` for the single global model)."""
         raise NotImplementedError
 
-    def personalized_models(self, state: ServerState, ctx: ServerContext, client: int,
-                            models: Mapping[str, nn.Module]) -> Mapping[str, nn.Module]:
-        """The models ``client`` is scored with on its own local test set (the engine's personalised evaluation,
-        FedP3 §5); ``models`` are this round's :meth:`evaluation_models`. Default: those, for every client."""
+    def personalized_models(self, state: ServerState, round: int, client: ClientProfile,
+                            models: Mapping[str, nn.Module], ctx: ServerContext) -> Mapping[str, nn.Module]:
+        """The models ``client`` (its profile in ``round``) is scored with on its own local test set after
+        ``round`` was aggregated (the engine's personalised evaluation, FedP3 §5); ``models`` are this round's
+        :meth:`evaluation_models`, and the result must use the same group names. Default: ``models``, for every
+        client."""
         return models
 
     def round_metrics(self, state: ServerState, round: int) -> dict[tuple[str, str], float]:

@@ -79,8 +79,8 @@ class FlowerTransport(Method):
     def evaluation_models(self, state: ServerState, ctx: ServerContext):
         return self.inner.evaluation_models(state, ctx)
 
-    def personalized_models(self, state, ctx, client, models):
-        return self.inner.personalized_models(state, ctx, client, models)
+    def personalized_models(self, state: ServerState, round: int, client: ClientProfile, models, ctx: ServerContext):
+        return self.inner.personalized_models(state, round, client, models, ctx)
 
     def round_metrics(self, state: ServerState, round: int):
         return self.inner.round_metrics(state, round)

@@ -103,8 +103,12 @@ path component (``layer1``…``layer4``). The FFC (the last linear layer) is alw
 
 Evaluation: the global (dense) model on the global test set (``"global"``) and, with the experiment option
 ``local_test_fraction=0.3``, FedP3's personalised evaluation: each client's data is split once 70/30 into local
-training and test sets, and the engine records ``local_accuracy`` — the mean of the clients' local test
-accuracies of the global model (:func:`subfl.fl.engine.run_simulation`).
+training and test sets, and the engine records ``local_accuracy`` — the mean over clients of the local test
+accuracy of **the model the client deploys** (:meth:`FedP3.deployed_model`). Sec. 2 of the paper says the locally
+deployed model is the globally pruned one, P_i(x) (Alg. 2 line 3), whatever the local pruning. After round t it is
+the new global model with every unit client i was assigned in round t kept dense and every other weight tensor
+magnitude-pruned to the client's ratio P, exactly as :meth:`FedP3.configure` would send it; at P = 1 it is the
+global model (:func:`subfl.fl.engine.run_simulation` computes the mean).
 
 Models: the paper's nets are in :mod:`subfl.models.fedp3_nets`; option ``net`` (``"fedp3_cnn"`` /
 ``"fedp3_mlp"``, with ``net_options``) makes the method build them itself with
@@ -422,6 +426,9 @@ class FedP3(Method):
         "net": None, "net_options": None,
     }
     fixed_layers: tuple[int, ...] | None = None
+    option_versions = {"global_keep": 1}
+    """``global_keep`` 1: the personalised evaluation scores each client's deployed (globally pruned) model, where it
+    scored the dense global model — a run with P < 1 records other ``local_accuracy`` values."""
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -456,6 +463,7 @@ class FedP3(Method):
         if c["net_options"] is not None and not isinstance(c["net_options"], Mapping):
             raise ValueError(f"option net_options must be a dict or None, got {c['net_options']!r}")
         self._structure_cache: dict[str, Any] | None = None
+        self._mask_cache: tuple[Mapping[str, torch.Tensor], float, dict[str, torch.Tensor]] | None = None
 
     # ----- models -------------------------------------------------------------------------------------
     def net_spec(self, ctx: ServerContext) -> dict[str, Any] | None:
@@ -522,23 +530,53 @@ class FedP3(Method):
         widths = [w for w in self.config["od_widths"] if w <= keep_ratio + 1e-12]
         return widths or [self.config["od_widths"][0]]
 
+    def pruned_tensors(self, weights: Mapping[str, torch.Tensor], trained_units: set[str], keep: float,
+                       ctx: ServerContext) -> list[str]:
+        """Names of the tensors the server-to-client pruning P_i prunes for a client that trains ``trained_units``
+        at ratio ``keep``: every floating-point weight of ≥ 2 dimensions outside those units (none at P = 1)."""
+        structure = self._structure(ctx)
+        if keep >= 1.0:
+            return []
+        return [name for name, tensor in weights.items()
+                if structure["unit_of_key"].get(name) not in trained_units and name in structure["params"]
+                and tensor.is_floating_point() and tensor.dim() >= 2]
+
+    def deployed_model(self, state: ServerState, round: int, client: ClientProfile, ctx: ServerContext) -> nn.Module:
+        """The model ``client`` deploys after ``round`` (Sec. 2, Alg. 2 line 3: P_i(x)): the global weights of
+        ``state`` with the client's round-``round`` units dense and every other tensor of
+        :meth:`pruned_tensors` magnitude-pruned to its ratio P (zeros at pruned entries) — what
+        :meth:`configure` sends it."""
+        weights = state["weights"]
+        keep = self.global_keep(client)
+        pruned = set(self.pruned_tensors(weights, set(self.assign(round, client.client_id, ctx)), keep, ctx))
+        masked = self._masked_weights(weights, keep)
+        model = self._build(self.net_spec(ctx), ctx.model_fn)
+        model.load_state_dict({name: masked[name] if name in pruned else tensor for name, tensor in weights.items()})
+        return model
+
+    def _masked_weights(self, weights: Mapping[str, torch.Tensor], keep: float) -> dict[str, torch.Tensor]:
+        """Every ≥ 2-d floating-point tensor of ``weights`` magnitude-pruned to ``keep`` — the same for every client
+        of one ratio, so computed once per weights and ratio (the cache holds the weights it was computed from)."""
+        cached = self._mask_cache
+        if cached is None or cached[0] is not weights or cached[1] != keep:
+            masked = {name: tensor * magnitude_mask(tensor, keep) for name, tensor in weights.items()
+                      if tensor.is_floating_point() and tensor.dim() >= 2}
+            self._mask_cache = cached = (weights, keep, masked)
+        return cached[2]
+
     def configure(self, state: ServerState, round: int, clients: Sequence[ClientProfile],
                   ctx: ServerContext) -> dict[int, Task]:
-        structure = self._structure(ctx)
         weights = state["weights"]
         tasks = {}
         for profile in clients:
             trained = self.assign(round, profile.client_id, ctx)
             trained_set = set(trained)
             keep = self.global_keep(profile)
+            pruned = self.pruned_tensors(weights, trained_set, keep, ctx)
             tensors: dict[str, torch.Tensor] = {}
-            pruned: list[str] = []
             for name, tensor in weights.items():
-                prunable = (keep < 1.0 and structure["unit_of_key"].get(name) not in trained_set
-                            and name in structure["params"] and tensor.is_floating_point() and tensor.dim() >= 2)
-                if prunable:
+                if name in pruned:
                     tensors.update(encode_pruned(name, tensor, magnitude_mask(tensor, keep)))
-                    pruned.append(name)
                 else:
                     tensors[name] = tensor.detach().clone()
             config = {"train": ctx.train_config(round), "trained_units": trained, "grouping": self.config["grouping"],
@@ -641,6 +679,14 @@ class FedP3(Method):
         model = self._build(self.net_spec(ctx), ctx.model_fn)
         model.load_state_dict(state["weights"])
         return {"global": model}
+
+    def personalized_models(self, state: ServerState, round: int, client: ClientProfile,
+                            models: Mapping[str, nn.Module], ctx: ServerContext) -> Mapping[str, nn.Module]:
+        """FedP3's personalised evaluation scores each client's deployed model (:meth:`deployed_model`); at P = 1
+        that is the global model itself, returned without a copy."""
+        if self.global_keep(client) >= 1.0:
+            return models
+        return {"global": self.deployed_model(state, round, client, ctx)}
 
     # ----- client side --------------------------------------------------------------------------------
     def local_update(self, task: Task, data: ClientDataset, ctx: ClientContext) -> Update:

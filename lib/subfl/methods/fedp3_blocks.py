@@ -55,6 +55,10 @@ class FedP3BlockAblation(FedP3):
     ``excluded`` (see the module docstring)."""
 
     name = "fedp3-blocks"
+    version = 2
+    """2: the personalised evaluation scores each client's deployed (globally pruned, P = 0.9 by default) model,
+    where version 1 scored the dense global model (FedP3's ``global_keep`` option version covers only runs that set
+    P away from FedP3's default 1)."""
     options: dict = {**FedP3.options, "layers": FEDP3_PRESETS["opu2"], "grouping": "block", "global_keep": 0.9,
                      "excluded": ()}
 
