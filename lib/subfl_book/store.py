@@ -34,7 +34,7 @@ import json
 import os
 import platform
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -235,13 +235,19 @@ def save_record(result: RunResult, key: str, *, keep_state: bool = False, data_r
               "analyses": final_analyses.compute(result, analyses, data_root)}
     if earlier is not None and difference is None:  # computed again for more analyses: keep those recorded before
         record["analyses"] = {**(earlier.get("analyses") or {}), **record["analyses"]}
-    text = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str).encode()
     if keep_state:
         buffer = io.BytesIO()
         torch.save(result.state(), buffer)
         write_bytes_atomically(state_path(key, root), buffer.getvalue())
-    write_bytes_atomically(path, gzip.compress(text, compresslevel=9, mtime=0))
+    _write_record(path, record)
     return path
+
+
+def _write_record(path: Path, record: Mapping[str, Any]) -> None:
+    """Write a record as the store keeps it: canonical JSON (sorted keys), gzip without a timestamp, atomically —
+    so the same record always gives the same bytes."""
+    text = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str).encode()
+    write_bytes_atomically(path, gzip.compress(text, compresslevel=9, mtime=0))
 
 
 def record_analyses_from_state(config: ExperimentConfig, key: str, analyses: Iterable[Any], *,
@@ -259,8 +265,7 @@ def record_analyses_from_state(config: ExperimentConfig, key: str, analyses: Ite
     path = record_path(key, root)
     record = json.loads(gzip.decompress(path.read_bytes()))
     record["analyses"] = {**(record.get("analyses") or {}), **final_analyses.compute(stored, analyses, data_root)}
-    text = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str).encode()
-    write_bytes_atomically(path, gzip.compress(text, compresslevel=9, mtime=0))
+    _write_record(path, record)
     if drop_state:
         state_path(key, root).unlink()
     return path
